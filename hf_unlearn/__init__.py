@@ -1,0 +1,30 @@
+"""hf_unlearn: make a language model forget specific training data, as a Hugging Face Trainer plugin."""
+
+from .callbacks import ViolationStoppingCallback
+from .config import METHODS, UnlearnConfig
+from .data import build_qa_dataset, tokenize_qa
+from .margin import restricted_margin, threshold_from_probability
+from .objectives import (
+    FORGET_OBJECTIVES,
+    RETAIN_OBJECTIVES,
+    register_forget_objective,
+    register_retain_objective,
+)
+from .trainer import UnlearnTrainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FORGET_OBJECTIVES",
+    "METHODS",
+    "RETAIN_OBJECTIVES",
+    "UnlearnConfig",
+    "UnlearnTrainer",
+    "ViolationStoppingCallback",
+    "build_qa_dataset",
+    "register_forget_objective",
+    "register_retain_objective",
+    "restricted_margin",
+    "threshold_from_probability",
+    "tokenize_qa",
+]

@@ -1,0 +1,105 @@
+"""`hf-unlearn` command line: `demo` (embedded benchmark, offline) and `run` (any model and dataset).
+
+Arguments are parsed with `HfArgumentParser`, so every `UnlearnConfig` field is a flag, and a single YAML file
+may hold them all (`hf-unlearn run config.yaml`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+
+from transformers import HfArgumentParser
+
+from .config import UnlearnConfig
+
+COMMANDS = ("demo", "run")
+
+
+@dataclass
+class DemoArguments:
+    """Options of `hf-unlearn demo` besides the `UnlearnConfig` fields."""
+
+    split: str = field(default="forget10", metadata={"help": "Forget split of the embedded benchmark."})
+    architecture: str = field(default="llama", metadata={"help": "Tiny target model: llama, qwen2 or gpt2."})
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Where the learned target model is cached (default ~/.cache/hf_unlearn)."}
+    )
+
+
+@dataclass
+class RunArguments:
+    """Options of `hf-unlearn run` besides the `UnlearnConfig` fields."""
+
+    model_name_or_path: str = field(metadata={"help": "Model to unlearn: a local folder or a Hub id."})
+    dataset_name: str = field(
+        metadata={"help": "Dataset: a Hub id (e.g. locuslab/TOFU), a folder saved with save_to_disk, or a JSON file."}
+    )
+    forget_subset: str | None = field(default=None, metadata={"help": "Config name of the forget data (e.g. forget10)."})
+    retain_subset: str | None = field(default=None, metadata={"help": "Config name of the retain data (e.g. retain90)."})
+    forget_split: str = field(default="train", metadata={"help": "Split holding the forget examples."})
+    retain_split: str | None = field(
+        default=None, metadata={"help": "Split holding the retain examples (default: same split name as forget)."}
+    )
+    retain_dataset_name: str | None = field(
+        default=None, metadata={"help": "Retain data from another dataset (default: dataset_name)."}
+    )
+    question_column: str = field(default="question", metadata={"help": "Column holding the prompt/question."})
+    answer_column: str = field(default="answer", metadata={"help": "Column holding the answer to forget or keep."})
+    max_length: int | None = field(default=None, metadata={"help": "Reject examples longer than this many tokens."})
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow custom model code from the Hub. Off unless you trust the source."}
+    )
+    torch_dtype: str = field(default="auto", metadata={"help": "dtype to load the model in (auto, float32, bfloat16)."})
+    evaluate: bool = field(default=True, metadata={"help": "Measure forget/retain metrics before and after."})
+
+
+def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
+    parser = HfArgumentParser(dataclasses)
+    if defaults:
+        parser.set_defaults(**defaults)
+    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
+        return parser.parse_yaml_file(os.path.abspath(argv[0]), allow_extra_keys=False)
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def demo_main(argv: list[str]) -> dict:
+    """Learn the embedded benchmark, unlearn its forget split with MASC, print and write the report."""
+    demo_args, config = _parse(
+        (DemoArguments, UnlearnConfig),
+        argv,
+        defaults={"output_dir": "hf-unlearn-demo", "num_train_epochs": 40, "report_to": "none", "save_strategy": "no"},
+    )
+    from .demo import run_demo
+
+    return run_demo(demo_args, config)
+
+
+def run_main(argv: list[str]) -> dict:
+    """Unlearn a forget dataset from a model given by path or Hub id."""
+    run_args, config = _parse((RunArguments, UnlearnConfig), argv)
+    from .demo import run_unlearning_job
+
+    return run_unlearning_job(run_args, config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = argparse.ArgumentParser(
+        prog="hf-unlearn",
+        description="Make a language model forget specific training data.",
+        epilog="Run `hf-unlearn COMMAND --help` for a command's options (every UnlearnConfig field is a flag).",
+    )
+    top.add_argument("command", choices=COMMANDS)
+    if not argv or argv[0] in ("-h", "--help"):
+        top.print_help()
+        return 0 if argv else 2
+    command = top.parse_args(argv[:1]).command
+    {"demo": demo_main, "run": run_main}[command](argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

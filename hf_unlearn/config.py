@@ -1,0 +1,173 @@
+"""`UnlearnConfig`: the training arguments of `UnlearnTrainer` (TRL's `XxxConfig(TrainingArguments)` pattern)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+from .margin import COMPETITOR_SOURCES, threshold_from_probability
+
+# method -> (forget objective, retain objective); "none" means no retain term.
+METHODS: dict[str, tuple[str, str]] = {
+    "masc": ("masc", "kl"),
+    "ga": ("ga", "none"),
+    "graddiff": ("ga", "nll"),
+    "npo": ("npo", "none"),
+    "npo_klr": ("npo", "kl"),
+}
+STOP_PROBES = ("train", "holdout")
+
+
+@dataclass
+class UnlearnConfig(TrainingArguments):
+    r"""
+    Configuration class for [`UnlearnTrainer`].
+
+    Only the unlearning-specific parameters are listed here; everything else is
+    [`~transformers.TrainingArguments`]. The MASC defaults follow the TOFU / Qwen2.5 row of the MASC paper
+    (Di Gennaro et al., arXiv 2606.02920, Table of reference hyperparameters: lambda_forget 0.1, rho 0.5,
+    eta 0.5, k 10 self-competitors, beta 1, KL retain term with weight 1) and were then checked on the
+    embedded fictitious-authors benchmark (see the README for the measured run).
+
+    > [!NOTE]
+    > Defaults that differ from [`~transformers.TrainingArguments`]:
+    > - `learning_rate`: `1e-4` instead of `5e-5` (the MASC reference runs).
+    > - `lr_scheduler_type`: `"constant"` instead of `"linear"`: the run usually stops itself long before the
+    >   budget, so a schedule decaying towards the budget would be arbitrary.
+    > - `per_device_train_batch_size`: `4` instead of `8` (each step also forwards 4 retain examples).
+    > - `logging_steps`: `10` instead of `500`.
+    > - `remove_unused_columns`: `False` instead of `True`: forget and retain batches are nested dicts.
+    > - `restore_callback_states_from_checkpoint`: `True` instead of `False`, so that resuming restores the
+    >   stopping rule's state (probes done, last violation rate, stop step).
+    """
+
+    method: str = field(
+        default="masc",
+        metadata={"help": f"Unlearning method, one of {sorted(METHODS)}. Sets the forget and retain objectives."},
+    )
+    forget_loss: str | None = field(
+        default=None,
+        metadata={"help": "Override the method's forget objective by its registered name (e.g. 'npo')."},
+    )
+    retain_loss: str | None = field(
+        default=None,
+        metadata={"help": "Override the method's retain objective: 'kl', 'nll' or 'none'."},
+    )
+    forget_weight: float = field(
+        default=0.1,
+        metadata={"help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery)."},
+    )
+    retain_weight: float = field(
+        default=1.0,
+        metadata={"help": "Weight of the retain objective (MASC's lambda_retain, alpha in gradient surgery)."},
+    )
+    masc_k: int = field(default=10, metadata={"help": "MASC: number of competitor tokens k in the restricted margin."})
+    masc_beta: float = field(default=1.0, metadata={"help": "MASC: inverse temperature beta of the margin."})
+    masc_rho: float = field(
+        default=0.5,
+        metadata={"help": "MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho))."},
+    )
+    masc_eta: float = field(default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."})
+    competitor_source: str = field(
+        default="self",
+        metadata={
+            "help": "MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' "
+            "(the frozen start model, used for MUSE News)."
+        },
+    )
+    competitor_delta: float | None = field(
+        default=None,
+        metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
+    )
+    stop_on_violation: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True "
+            "for method 'masc', False otherwise (the rate is still measured and logged)."
+        },
+    )
+    stop_alpha: float = field(
+        default=0.45,
+        metadata={"help": "Stopping rule: stop once the violation rate (fraction of violating answer tokens) <= alpha."},
+    )
+    probe_interval: int = field(
+        default=5,
+        metadata={"help": "Measure the violation rate every this many optimizer steps (0 disables probing)."},
+    )
+    stop_probe: str = field(
+        default="train",
+        metadata={
+            "help": "Which forget examples the stopping rule measures: 'train' (a fixed sample of the forget "
+            "examples being trained on) or 'holdout' (a held-out part of the forget set, never trained on)."
+        },
+    )
+    holdout_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of the forget set held out of training and probed. Default: 0.1 when "
+            "stop_probe='holdout', else 0 (set it with stop_probe='train' to log both rates)."
+        },
+    )
+    probe_size: int = field(
+        default=64,
+        metadata={"help": "At most this many forget (and retain) examples are probed each time."},
+    )
+    hoeffding: bool = field(
+        default=False,
+        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
+    )
+    hoeffding_delta: float = field(
+        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
+    )
+
+    # Defaults that differ from TrainingArguments (listed in the docstring note).
+    learning_rate: float = field(default=1e-4, metadata={"help": "The initial learning rate for AdamW."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "The scheduler type to use."})
+    per_device_train_batch_size: int = field(
+        default=4, metadata={"help": "Forget examples per device per step (as many retain examples are paired)."}
+    )
+    logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: forget and retain batches are nested dictionaries."}
+    )
+    restore_callback_states_from_checkpoint: bool = field(
+        default=True, metadata={"help": "Restore the stopping rule's state when resuming from a checkpoint."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.method not in METHODS:
+            raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
+        if self.competitor_source not in COMPETITOR_SOURCES:
+            raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
+        if self.stop_probe not in STOP_PROBES:
+            raise ValueError(f"stop_probe must be one of {STOP_PROBES}, got {self.stop_probe!r}.")
+        if self.masc_k < 1:
+            raise ValueError(f"masc_k must be at least 1, got {self.masc_k}.")
+        if self.masc_eta <= 0:
+            raise ValueError(f"masc_eta must be positive, got {self.masc_eta}.")
+        if not 0.0 <= self.stop_alpha <= 1.0:
+            raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {self.stop_alpha}.")
+        if self.probe_interval < 0:
+            raise ValueError(f"probe_interval must be >= 0, got {self.probe_interval}.")
+        threshold_from_probability(self.masc_rho)  # validates rho
+        if self.holdout_fraction is None:
+            self.holdout_fraction = 0.1 if self.stop_probe == "holdout" else 0.0
+        if self.stop_probe == "holdout" and self.holdout_fraction == 0:
+            raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
+        if self.stop_on_violation is None:
+            self.stop_on_violation = self.method == "masc"
+        if self.stop_on_violation and self.probe_interval == 0:
+            raise ValueError("stop_on_violation needs probe_interval > 0.")
+
+    @property
+    def masc_tau(self) -> float:
+        """Margin threshold ``tau = log(rho / (1 - rho))`` (MASC §3)."""
+        return threshold_from_probability(self.masc_rho)
+
+    @property
+    def objectives(self) -> tuple[str, str]:
+        """(forget objective, retain objective) after applying the overrides."""
+        forget, retain = METHODS[self.method]
+        return self.forget_loss or forget, self.retain_loss or retain

@@ -1,0 +1,137 @@
+"""The restricted margin of MASC, the violation statistic built on it, and its exact-reproduction bound.
+
+This is the one implementation of the margin: the MASC hinge loss, the online stopping rule and the
+evaluation all call :func:`restricted_margin`. Reference: Di Gennaro, Shevchenko, Yang, "Fast Unlearning at
+Scale via Margin Self-Correction", arXiv 2606.02920 (2026), §3 (restricted margin, threshold, hinge) and
+Proposition 1 (exact-reproduction bound).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .data import IGNORE_INDEX
+
+COMPETITOR_SOURCES = ("self", "teacher")
+
+
+def threshold_from_probability(rho: float) -> float:
+    """``tau = log(rho / (1 - rho))``: a margin above tau means a restricted posterior above rho (MASC §3)."""
+    if not 0.0 < rho < 1.0:
+        raise ValueError(f"rho must be strictly between 0 and 1, got {rho}.")
+    return math.log(rho / (1.0 - rho))
+
+
+def shift_for_causal_lm(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Align causal-LM logits with the tokens they predict: position t scores token t + 1."""
+    return logits[..., :-1, :], labels[..., 1:]
+
+
+@dataclass
+class MarginResult:
+    """Margins of every position (garbage where ``mask`` is False) and the mask of scored answer tokens."""
+
+    margins: torch.Tensor
+    mask: torch.Tensor
+
+
+def restricted_margin(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    k: int,
+    beta: float = 1.0,
+    teacher_logits: torch.Tensor | None = None,
+    delta: float | None = None,
+) -> MarginResult:
+    """Token-level restricted margin ``m = beta*z(y) - logsumexp_{v in S_k} beta*z(v)`` (MASC §3).
+
+    ``logits`` (..., V) and ``labels`` (...) must already be aligned (see :func:`shift_for_causal_lm`);
+    positions whose label is ``-100`` are not scored. The competitor set ``S_k`` holds the k highest
+    non-target logits of the current model (source ``self``) or, when ``teacher_logits`` are given, the k
+    highest non-target logits of the teacher (the frozen start model), scored by the current model
+    (source ``teacher``). With ``delta``, teacher competitors more than ``delta`` logits below the teacher's
+    best non-target token are dropped (at least that best one stays).
+
+    The competitor set is chosen without gradient; gradient flows through the selected current-model logits.
+    Memory: one top-(k+1) over the vocabulary; the target is removed from it instead of masking a copy of the
+    logits, so nothing of size k x V is allocated.
+    """
+    vocab_size = logits.shape[-1]
+    if k < 1 or k >= vocab_size:
+        raise ValueError(
+            f"k={k} competitors need 1 <= k < vocabulary size ({vocab_size}): the target token is not a competitor."
+        )
+    mask = labels != IGNORE_INDEX
+    targets = labels.masked_fill(~mask, 0)
+    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+    chooser = logits if teacher_logits is None else teacher_logits
+    with torch.no_grad():
+        chosen_values, chosen_index = chooser.topk(k + 1, dim=-1)
+        keep = _drop_target(chosen_index, targets)
+        if teacher_logits is not None and delta is not None:
+            best_other = chosen_values.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)
+            keep &= chosen_values >= best_other - delta
+    competitor_logits = logits.gather(-1, chosen_index)
+    scaled = (beta * competitor_logits).masked_fill(~keep, float("-inf"))
+    margins = beta * target_logit - torch.logsumexp(scaled, dim=-1)
+    return MarginResult(margins=margins, mask=mask)
+
+
+def _drop_target(index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Keep k of the top-(k+1) candidates: drop the target if it is among them, else the last one."""
+    is_target = index == targets.unsqueeze(-1)
+    target_absent = ~is_target.any(-1, keepdim=True)
+    drop = is_target.clone()
+    drop[..., -1:] |= target_absent
+    return ~drop
+
+
+def masc_hinge(result: MarginResult, tau: float, eta: float) -> torch.Tensor:
+    """Buffered hinge ``relu(m - (tau - eta)) / eta`` averaged over scored tokens (MASC §3).
+
+    It upper-bounds the violation indicator ``1[m > tau]`` and its gradient is zero once every margin is
+    below ``tau - eta``.
+    """
+    if eta <= 0:
+        raise ValueError(f"eta must be positive, got {eta}.")
+    active = result.mask
+    if not active.any():
+        raise ValueError("The batch has no answer tokens (all labels are -100): there is nothing to forget.")
+    hinge = torch.relu(result.margins - (tau - eta)) / eta
+    return hinge[active].mean()
+
+
+def violation_fractions(result: MarginResult, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example: the fraction of answer tokens with ``m > tau`` (v_i, MASC §3) and the answer length L_i.
+
+    Examples without answer tokens get fraction 0 and length 0; callers drop them.
+    """
+    flat_margins = result.margins.reshape(result.margins.shape[0], -1)
+    flat_mask = result.mask.reshape(result.mask.shape[0], -1)
+    violating = ((flat_margins > tau) & flat_mask).sum(-1).float()
+    lengths = flat_mask.sum(-1)
+    fractions = violating / lengths.clamp(min=1).float()
+    return fractions, lengths
+
+
+def hoeffding_upper_bound(rate: float, num_examples: int, probe_index: int, delta: float) -> float:
+    """One-sided Hoeffding upper confidence bound on the violation rate at the j-th probe (MASC §3).
+
+    ``rate + sqrt(log(1/delta_j) / (2n))`` with ``delta_j = 6 delta / (pi^2 (j+1)^2)``, so the bound holds at
+    every probe of the run simultaneously with probability ``1 - delta``.
+    """
+    delta_j = 6.0 * delta / (math.pi**2 * (probe_index + 1) ** 2)
+    return rate + math.sqrt(math.log(1.0 / delta_j) / (2.0 * num_examples))
+
+
+def exact_reproduction_bound(fractions: torch.Tensor, lengths: torch.Tensor, rho: float) -> torch.Tensor:
+    """MASC Proposition 1 (beta = 1): P(greedy-or-sampled answer reproduced exactly) <= rho^((1 - v_i) L_i).
+
+    A non-violating token has ``m <= tau``, so its restricted posterior, which upper-bounds its full softmax
+    probability, is at most rho; the answer's probability is at most the product over those tokens.
+    """
+    return torch.pow(torch.tensor(rho, dtype=torch.float64), ((1.0 - fractions.double()) * lengths.double()))

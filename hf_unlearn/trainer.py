@@ -1,0 +1,410 @@
+"""`UnlearnTrainer`: a `transformers.Trainer` whose train dataset is the data to forget.
+
+Glue only: it pairs forget with retain batches, runs each objective's forward, backpropagates the forget and
+retain losses, supplies reference logits from one shared mechanism, and hands the stopping rule a probe.
+Trainer's own training loop, checkpointing, logging, accelerate and PEFT handling are used unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers.utils import is_peft_available
+
+from .callbacks import ViolationStoppingCallback
+from .config import UnlearnConfig
+from .data import (
+    IGNORE_INDEX,
+    ForgetRetainCollator,
+    ForgetRetainDataset,
+    ensure_pad_token,
+    model_inputs,
+    pad_examples,
+    split_holdout,
+)
+from .margin import exact_reproduction_bound, restricted_margin, shift_for_causal_lm, violation_fractions
+from .objectives import (
+    FORGET_OBJECTIVES,
+    RETAIN_OBJECTIVES,
+    LossInputs,
+    Objective,
+    get_objective,
+    token_log_probs,
+)
+
+if is_peft_available():
+    from peft import PeftModel, get_peft_model
+else:  # pragma: no cover - peft is a dependency, kept optional for users who strip it
+    PeftModel = None
+
+
+def _is_peft_model(model: nn.Module) -> bool:
+    return PeftModel is not None and isinstance(model, PeftModel)
+
+
+def _vocab_size(model: nn.Module) -> int:
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embeddings is not None and hasattr(embeddings, "weight"):
+        return embeddings.weight.shape[0]
+    return model.config.get_text_config().vocab_size
+
+
+def _check_examples(dataset: Sequence[Mapping[str, Any]], name: str) -> None:
+    """Fail before any step on an empty set or examples without answer tokens."""
+    if dataset is None or len(dataset) == 0:
+        raise ValueError(f"The {name} set is empty: there is nothing to {'forget' if name == 'forget' else 'keep'}.")
+    first = dataset[0]
+    missing = [key for key in ("input_ids", "labels") if key not in first]
+    if missing:
+        raise ValueError(
+            f"The {name} examples lack {missing}. Tokenize them first, e.g. with "
+            "hf_unlearn.build_qa_dataset(dataset, tokenizer), which masks the prompt with -100."
+        )
+    empty = [i for i in range(len(dataset)) if all(label == IGNORE_INDEX for label in dataset[i]["labels"])]
+    if len(empty) == len(dataset):
+        raise ValueError(
+            f"Every label of the {name} set is -100: no example has answer tokens to "
+            f"{'forget' if name == 'forget' else 'keep'}. Check the prompt masking."
+        )
+    if empty:
+        raise ValueError(
+            f"{len(empty)} {name} example(s) have no answer tokens (all labels -100), e.g. indices {empty[:5]}. "
+            "Drop them or fix the prompt masking."
+        )
+
+
+class _RetainPairingCallback(TrainerCallback):
+    """Tell the paired dataset which epoch it is in, so retain pairs rotate deterministically."""
+
+    def __init__(self, dataset: ForgetRetainDataset) -> None:
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.set_epoch(math.floor(state.epoch + 1e-9) if state.epoch else 0)
+
+
+class UnlearnTrainer(Trainer):
+    """Trainer for LLM unlearning: ``train_dataset`` is forgotten while ``retain_dataset`` is kept.
+
+    Implements MASC (margin self-correction, arXiv 2606.02920) with its online stopping rule, and the
+    objectives registered in :mod:`hf_unlearn.objectives`.
+
+    Args:
+        model: a causal LM (``PreTrainedModel``) or a PEFT model.
+        args: an :class:`UnlearnConfig`.
+        train_dataset: the forget set, tokenized (``input_ids``, ``attention_mask``, ``labels`` with -100 on
+            the prompt); see :func:`hf_unlearn.build_qa_dataset`.
+        retain_dataset: the data to keep, same form; required by objectives with a retain term.
+        processing_class: the tokenizer (its pad id pads the batches).
+        peft_config: a ``peft.LoraConfig`` (or any PEFT config); the model is wrapped with it, as in TRL.
+        ref_model: optional frozen reference model. By default: the base with adapters disabled for a PEFT
+            model (no copy), else a frozen copy of ``model`` made before training.
+    """
+
+    _tag_names = ["hf_unlearn", "unlearning"]
+    _paper = {
+        "title": "Fast Unlearning at Scale via Margin Self-Correction",
+        "id": "2606.02920",
+    }
+
+    def __init__(
+        self,
+        model: PreTrainedModel | nn.Module,
+        args: UnlearnConfig | None = None,
+        train_dataset: Sequence[Mapping[str, Any]] | None = None,
+        retain_dataset: Sequence[Mapping[str, Any]] | None = None,
+        processing_class: Any = None,
+        data_collator: Any = None,
+        peft_config: Any = None,
+        ref_model: nn.Module | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if args is None:
+            args = UnlearnConfig(output_dir="unlearn-output")
+        if not isinstance(args, UnlearnConfig):
+            raise TypeError(f"args must be an UnlearnConfig, got {type(args).__name__}.")
+        if isinstance(model, str):
+            raise TypeError("Pass a loaded model; load it with AutoModelForCausalLM.from_pretrained(...) first.")
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise ValueError(
+                f"{type(model).__name__} has no language-modelling head: unlearning needs a causal LM "
+                "(AutoModelForCausalLM)."
+            )
+
+        forget_name, retain_name = args.objectives
+        self.forget_objective: Objective = get_objective(FORGET_OBJECTIVES, forget_name, "forget")
+        self.retain_objective: Objective | None = (
+            None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
+        )
+        _check_examples(train_dataset, "forget")
+        if self.retain_objective is not None:
+            if retain_dataset is None:
+                raise ValueError(
+                    f"Method {args.method!r} has the retain term {retain_name!r} and needs a retain_dataset. "
+                    "Pass retain_dataset=..., or retain_loss='none' to unlearn without one."
+                )
+            _check_examples(retain_dataset, "retain")
+        vocab_size = _vocab_size(model)
+        if forget_name == "masc" and args.masc_k >= vocab_size:
+            raise ValueError(
+                f"masc_k={args.masc_k} is not smaller than the vocabulary size {vocab_size}: the k competitors are "
+                "other tokens than the target. Lower masc_k."
+            )
+        if processing_class is not None:
+            ensure_pad_token(processing_class)
+        if peft_config is not None:
+            if _is_peft_model(model):
+                raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
+            model = get_peft_model(model, peft_config)
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")
+
+        needs_reference = self.forget_objective.needs_reference(args) or (
+            self.retain_objective is not None and self.retain_objective.needs_reference(args)
+        )
+        if needs_reference and ref_model is None and not _is_peft_model(model):
+            ref_model = copy.deepcopy(model)
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+        self.ref_model = ref_model
+        self.needs_reference = needs_reference
+
+        # Held-out forget examples never enter a training batch; both probes are fixed for the whole run.
+        trained_idx, holdout_idx = split_holdout(len(train_dataset), args.holdout_fraction, args.data_seed or args.seed)
+        forget_train = [train_dataset[i] for i in trained_idx]
+        self.holdout_examples = [model_inputs(train_dataset[i]) for i in holdout_idx]
+        self.forget_train_indices = trained_idx
+        self.probe_examples = self._sample(forget_train, args.probe_size, args.seed)
+        self.retain_probe_examples = (
+            self._sample(retain_dataset, args.probe_size, args.seed + 1) if retain_dataset is not None else []
+        )
+        self.retain_dataset = retain_dataset
+        paired = ForgetRetainDataset(
+            forget_train, retain_dataset if self.retain_objective is not None else None, seed=args.seed
+        )
+        pad_id = 0 if processing_class is None or processing_class.pad_token_id is None else processing_class.pad_token_id
+        self.pad_token_id = pad_id
+        collator = ForgetRetainCollator(pad_id, inner=data_collator)
+
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=paired,
+            data_collator=collator,
+            processing_class=processing_class,
+            callbacks=callbacks,
+            **kwargs,
+        )
+        if self.ref_model is not None:
+            self.ref_model.to(self.args.device)
+
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+        self.add_callback(_RetainPairingCallback(paired))
+        self.stopping_callback = ViolationStoppingCallback(
+            alpha=args.stop_alpha,
+            probe_interval=args.probe_interval,
+            stop=bool(args.stop_on_violation),
+            hoeffding=args.hoeffding,
+            hoeffding_delta=args.hoeffding_delta,
+        )
+        self.stopping_callback.bind(self.probe)
+        if args.probe_interval > 0:
+            self.add_callback(self.stopping_callback)
+        self.train_wall_seconds: float | None = None
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names + [args.method])
+
+    @staticmethod
+    def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[dict[str, list[int]]]:
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+        return [model_inputs(dataset[i]) for i in sorted(order[:size])]
+
+    # --- forwards ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _reference_mode(self, model: nn.Module):
+        """The frozen start model: the separate copy, or the PEFT model with its adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        unwrapped = self.accelerator.unwrap_model(model)
+        was_training = unwrapped.training
+        unwrapped.eval()
+        try:
+            with unwrapped.disable_adapter():
+                yield unwrapped
+        finally:
+            unwrapped.train(was_training)
+
+    def reference_logits(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad(), self._reference_mode(model) as reference:
+            return reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+    def _objective_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective) -> torch.Tensor:
+        reference = self.reference_logits(model, batch) if objective.needs_reference(self.args) else None
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return objective.fn(LossInputs(logits=logits, labels=batch["labels"], config=self.args, reference_logits=reference))
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Weighted sum of the forget and retain objectives (used by evaluation; training backpropagates each)."""
+        forget = self._objective_loss(model, inputs["forget"], self.forget_objective)
+        loss = self.args.forget_weight * forget
+        if self.retain_objective is not None and "retain" in inputs:
+            loss = loss + self.args.retain_weight * self._objective_loss(model, inputs["retain"], self.retain_objective)
+        return (loss, None) if return_outputs else loss
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        """Forward and backward the forget batch, then the retain batch, each on its own graph.
+
+        Two backward passes keep only one graph alive at a time and give each loss its own gradient, which
+        gradient surgery needs; for a plain weighted sum they accumulate to the gradient of the summed loss.
+        """
+        model.train()
+        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
+            self.optimizer.train()
+        inputs = self._prepare_inputs(inputs)
+        scale = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        total = torch.zeros((), device=self.args.device)
+        parts = [("forget", self.forget_objective, self.args.forget_weight)]
+        if self.retain_objective is not None:
+            parts.append(("retain", self.retain_objective, self.args.retain_weight))
+        for name, objective, weight in parts:
+            with self.compute_loss_context_manager():
+                loss = self._objective_loss(model, inputs[name], objective)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"The {name} loss ({objective.name}) is {loss.item()} at step {self.state.global_step + 1}; "
+                    "training stopped before this update, so the last saved checkpoint is intact. Lower the "
+                    "learning rate or check the data."
+                )
+            self.accelerator.backward(weight * loss * scale)
+            self._metrics[f"{name}_loss"].append(loss.detach().item())
+            total = total + weight * loss.detach()
+        return total * scale
+
+    # --- probing ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def measure_margins(
+        self, examples: Sequence[Mapping[str, Any]], beta: float | None = None, batch_size: int | None = None
+    ) -> dict[str, Any]:
+        """Violation fractions, answer lengths and answer probabilities of ``examples`` under the current model.
+
+        Uses the one margin implementation with the run's k, competitor source and rho, so the stopping rule,
+        the report's exact-reproduction bound and the loss agree on what a violation is.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        batch_size = batch_size or max(self.args.per_device_eval_batch_size, 8)
+        was_training = model.training
+        model.eval()
+        fractions, lengths, probabilities = [], [], []
+        try:
+            for start in range(0, len(examples), batch_size):
+                batch = pad_examples(examples[start : start + batch_size], self.pad_token_id)
+                batch = {k: v.to(self.args.device) for k, v in batch.items()}
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                shifted, labels = shift_for_causal_lm(logits, batch["labels"])
+                teacher = None
+                if self.args.competitor_source == "teacher":
+                    teacher, _ = shift_for_causal_lm(self.reference_logits(self.model, batch), batch["labels"])
+                result = restricted_margin(
+                    shifted,
+                    labels,
+                    k=self.args.masc_k,
+                    beta=self.args.masc_beta if beta is None else beta,
+                    teacher_logits=teacher,
+                    delta=self.args.competitor_delta,
+                )
+                batch_fractions, batch_lengths = violation_fractions(result, self.args.masc_tau)
+                log_probs, mask = token_log_probs(logits, batch["labels"])
+                probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
+                fractions.append(batch_fractions.cpu())
+                lengths.append(batch_lengths.cpu())
+        finally:
+            model.train(was_training)
+        fractions_t, lengths_t = torch.cat(fractions), torch.cat(lengths)
+        scored = lengths_t > 0
+        return {
+            "fractions": fractions_t[scored],
+            "lengths": lengths_t[scored],
+            "probabilities": torch.cat(probabilities)[scored],
+        }
+
+    def probe(self) -> dict[str, float]:
+        """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates."""
+        measured: dict[str, float] = {}
+        probes = {"train": self.probe_examples, "holdout": self.holdout_examples}
+        for name, examples in probes.items():
+            if not examples:
+                continue
+            margins = self.measure_margins(examples)
+            measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
+            measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
+            if name == self.args.stop_probe:
+                measured["violation_rate"] = measured[f"violation_rate_{name}"]
+                measured["num_examples"] = len(margins["fractions"])
+        if self.retain_probe_examples:
+            retain = self.measure_margins(self.retain_probe_examples)
+            measured["retain_probability"] = retain["probabilities"].mean().item()
+        measured = self._agree_across_processes(measured)
+        for key, value in measured.items():
+            if key != "num_examples":
+                self._metrics[key].append(value)
+        return measured
+
+    def _agree_across_processes(self, measured: dict[str, float]) -> dict[str, float]:
+        """Every process probes the same examples; take rank 0's numbers so all stop at the same step."""
+        if self.accelerator.num_processes == 1:
+            return measured
+        from accelerate.utils import broadcast_object_list
+
+        holder = [measured]
+        broadcast_object_list(holder, from_process=0)
+        return holder[0]
+
+    def exact_reproduction_bound(self, examples: Sequence[Mapping[str, Any]] | None = None) -> dict[str, float]:
+        """MASC Proposition 1 on ``examples`` (default: the trained forget examples), at beta = 1."""
+        if examples is None:
+            examples = [model_inputs(self.train_dataset.forget[i]) for i in range(len(self.train_dataset))]
+        margins = self.measure_margins(examples, beta=1.0)
+        bounds = exact_reproduction_bound(margins["fractions"], margins["lengths"], self.args.masc_rho)
+        return {
+            "mean": bounds.mean().item(),
+            "max": bounds.max().item(),
+            "violation_rate": margins["fractions"].mean().item(),
+        }
+
+    # --- Trainer hooks ----------------------------------------------------------------------------------
+
+    def _load_callback_state(self) -> None:
+        super()._load_callback_state()
+        # Trainer rebuilds stateful callbacks from their exported args; give the rebuilt one its probe back.
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ViolationStoppingCallback):
+                callback.bind(self.probe)
+                self.stopping_callback = callback
+
+    def train(self, *args: Any, **kwargs: Any):
+        start = time.perf_counter()
+        output = super().train(*args, **kwargs)
+        self.train_wall_seconds = time.perf_counter() - start
+        return output
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add the mean forget/retain losses and the latest probe numbers since the last log."""
+        if "loss" in logs:  # training logs only
+            for key, values in self._metrics.items():
+                if values:
+                    logs[key] = sum(values) / len(values) if key.endswith("_loss") else values[-1]
+            self._metrics.clear()
+        super().log(logs, start_time)

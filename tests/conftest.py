@@ -1,0 +1,83 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+VOCAB = 64
+ARCHITECTURES = ("llama", "qwen2", "gpt2")
+
+
+def make_tiny_model(architecture: str = "llama", seed: int = 0, vocab_size: int = VOCAB):
+    """A randomly initialised causal LM of a few thousand parameters, no dropout (deterministic training)."""
+    torch.manual_seed(seed)
+    if architecture == "llama":
+        config = LlamaConfig(
+            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64,
+        )
+        return LlamaForCausalLM(config)
+    if architecture == "qwen2":
+        config = Qwen2Config(
+            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+        )
+        return Qwen2ForCausalLM(config)
+    if architecture == "gpt2":
+        config = GPT2Config(
+            vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )
+        return GPT2LMHeadModel(config)
+    raise ValueError(architecture)
+
+
+def make_example(seed: int, length: int = 12, prompt: int = 6, vocab_size: int = VOCAB) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab_size, (length,), generator=generator).tolist()
+    return {"input_ids": ids, "attention_mask": [1] * length, "labels": [-100] * prompt + ids[prompt:]}
+
+
+@pytest.fixture
+def forget_examples():
+    return [make_example(i) for i in range(8)]
+
+
+@pytest.fixture
+def retain_examples():
+    return [make_example(1000 + i) for i in range(16)]
+
+
+def memorize(model, examples, steps: int = 150, lr: float = 1e-2):
+    """Teach a tiny model the answers of ``examples`` (plain AdamW on answer tokens), so there is something to forget."""
+    from hf_unlearn.data import pad_examples
+
+    batch = pad_examples(examples, pad_token_id=0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model
+
+
+@pytest.fixture(scope="session")
+def memorized_llama_state():
+    """State dict of a tiny Llama that has memorized forget and retain examples (built once per session)."""
+    forget = [make_example(i) for i in range(8)]
+    retain = [make_example(1000 + i) for i in range(16)]
+    model = memorize(make_tiny_model("llama"), forget + retain)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture
+def memorized_llama(memorized_llama_state):
+    model = make_tiny_model("llama")
+    model.load_state_dict(memorized_llama_state)
+    return model

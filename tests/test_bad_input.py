@@ -1,0 +1,87 @@
+"""Bad input fails with a message that names the problem, before any weight changes."""
+
+import pytest
+import torch
+from conftest import make_example, make_tiny_model
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer
+
+FORGET = [make_example(i) for i in range(8)]
+RETAIN = [make_example(1000 + i) for i in range(8)]
+
+
+def args(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path), max_steps=3, report_to="none", save_strategy="no", use_cpu=True)
+    values.update(overrides)
+    return UnlearnConfig(**values)
+
+
+def build(tmp_path, model=None, forget=FORGET, retain=RETAIN, **overrides):
+    return UnlearnTrainer(
+        model=model or make_tiny_model(), args=args(tmp_path, **overrides), train_dataset=forget, retain_dataset=retain
+    )
+
+
+def test_empty_forget_set(tmp_path):
+    with pytest.raises(ValueError, match="forget set is empty"):
+        build(tmp_path, forget=[])
+
+
+def test_forget_labels_all_masked(tmp_path):
+    masked = [dict(e, labels=[-100] * len(e["labels"])) for e in FORGET]
+    with pytest.raises(ValueError, match="Every label of the forget set is -100"):
+        build(tmp_path, forget=masked)
+
+
+def test_some_examples_without_answer_tokens(tmp_path):
+    forget = list(FORGET)
+    forget[3] = dict(forget[3], labels=[-100] * 12)
+    with pytest.raises(ValueError, match=r"1 forget example\(s\) have no answer tokens \(all labels -100\), e.g. indices \[3\]"):
+        build(tmp_path, forget=forget)
+
+
+def test_k_not_smaller_than_vocabulary(tmp_path):
+    with pytest.raises(ValueError, match="masc_k=64 is not smaller than the vocabulary size 64"):
+        build(tmp_path, masc_k=64)
+
+
+@pytest.mark.parametrize("method", ["masc", "graddiff", "npo_klr"])
+def test_method_with_retain_term_needs_retain_data(tmp_path, method):
+    with pytest.raises(ValueError, match=f"Method '{method}' has the retain term .* needs a retain_dataset"):
+        build(tmp_path, retain=None, method=method)
+
+
+def test_method_without_retain_term_runs_without_retain_data(tmp_path):
+    trainer = build(tmp_path, retain=None, method="masc", retain_loss="none", probe_interval=0, stop_on_violation=False)
+    trainer.train()
+    assert trainer.state.global_step == 3
+
+
+def test_untokenized_data_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"lack \['input_ids', 'labels'\].*build_qa_dataset"):
+        build(tmp_path, forget=[{"question": "q", "answer": "a"}])
+
+
+def test_unknown_method_and_probe():
+    with pytest.raises(ValueError, match="Unknown method 'forgetful'"):
+        UnlearnConfig(output_dir="x", method="forgetful")
+    with pytest.raises(ValueError, match="stop_probe must be one of"):
+        UnlearnConfig(output_dir="x", stop_probe="sometimes")
+
+
+def test_model_without_trainable_parameters(tmp_path):
+    model = make_tiny_model().requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        build(tmp_path, model=model)
+
+
+def test_nan_loss_stops_before_the_update_and_names_the_step(tmp_path):
+    model = make_tiny_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[FORGET[0]["input_ids"][0]] = float("nan")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = build(tmp_path, model=model, probe_interval=0, stop_on_violation=False, dataloader_drop_last=False)
+    with pytest.raises(FloatingPointError, match=r"forget loss \(masc\) is nan at step 1"):
+        trainer.train()
+    for name, p in trainer.model.named_parameters():
+        torch.testing.assert_close(p, before[name], equal_nan=True)

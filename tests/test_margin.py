@@ -1,0 +1,134 @@
+import math
+
+import pytest
+import torch
+
+from hf_unlearn.margin import (
+    exact_reproduction_bound,
+    hoeffding_upper_bound,
+    masc_hinge,
+    restricted_margin,
+    threshold_from_probability,
+    violation_fractions,
+)
+
+
+def brute_force_margin(logits, labels, k, beta, teacher=None, delta=None):
+    """Plain loop over positions: sort the non-target tokens, take k, apply the delta filter."""
+    out = torch.full(labels.shape, float("nan"), dtype=torch.float64)
+    chooser = logits if teacher is None else teacher
+    for index in torch.cartesian_prod(*[torch.arange(s) for s in labels.shape]).reshape(-1, labels.dim()):
+        index = tuple(index.tolist())
+        y = labels[index].item()
+        if y == -100:
+            continue
+        scores = chooser[index].double()
+        others = [v for v in scores.argsort(descending=True).tolist() if v != y][:k]
+        if teacher is not None and delta is not None:
+            best = scores[others[0]].item()
+            others = [v for v in others if scores[v].item() >= best - delta]
+        z = logits[index].double()
+        out[index] = beta * z[y] - torch.logsumexp(beta * z[others], dim=0)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("k,beta", [(1, 1.0), (3, 1.0), (10, 5.0)])
+def test_margin_matches_brute_force(seed, k, beta):
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 5, 17, generator=generator) * 3
+    labels = torch.randint(0, 17, (2, 5), generator=generator)
+    labels[0, :2] = -100
+    # Make the target the top logit at some positions and absent from the top k+1 at others.
+    labels[1, 0] = logits[1, 0].argmax()
+    labels[1, 1] = logits[1, 1].argmin()
+    result = restricted_margin(logits, labels, k=k, beta=beta)
+    expected = brute_force_margin(logits, labels, k, beta)
+    active = labels != -100
+    assert torch.equal(result.mask, active)
+    torch.testing.assert_close(result.margins[active].double(), expected[active], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("delta", [None, 0.5, 2.0])
+def test_teacher_competitors_and_delta_filter_match_brute_force(delta):
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 4, 13, generator=generator)
+    teacher = torch.randn(3, 4, 13, generator=generator)
+    labels = torch.randint(0, 13, (3, 4), generator=generator)
+    result = restricted_margin(logits, labels, k=4, beta=1.0, teacher_logits=teacher, delta=delta)
+    expected = brute_force_margin(logits, labels, 4, 1.0, teacher=teacher, delta=delta)
+    torch.testing.assert_close(result.margins.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sigmoid_of_margin_is_restricted_posterior():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    labels = torch.tensor([0])
+    margin = restricted_margin(logits, labels, k=2).margins
+    posterior = math.exp(2.0) / (math.exp(2.0) + math.exp(1.0) + math.exp(0.5))
+    assert torch.sigmoid(margin).item() == pytest.approx(posterior, rel=1e-6)
+
+
+def test_k_must_be_smaller_than_vocabulary():
+    with pytest.raises(ValueError, match="vocabulary size"):
+        restricted_margin(torch.randn(1, 2, 5), torch.tensor([[1, 2]]), k=5)
+
+
+def test_threshold_from_probability():
+    assert threshold_from_probability(0.5) == 0.0
+    assert threshold_from_probability(0.7) == pytest.approx(0.8473, abs=1e-4)
+    with pytest.raises(ValueError, match="rho"):
+        threshold_from_probability(1.0)
+
+
+def test_hinge_and_its_gradient_vanish_below_tau_minus_eta():
+    tau, eta = threshold_from_probability(0.7), 0.25
+    # Target logit far below every competitor: margin well under tau - eta.
+    logits = torch.tensor([[[-5.0, 3.0, 2.0, 1.0, 0.0]]], requires_grad=True)
+    labels = torch.tensor([[0]])
+    result = restricted_margin(logits, labels, k=3)
+    assert result.margins.item() < tau - eta
+    loss = masc_hinge(result, tau, eta)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.count_nonzero(logits.grad) == 0
+
+
+def test_hinge_above_threshold_is_linear_and_pushes_the_target_down():
+    tau, eta = 0.0, 0.5
+    logits = torch.tensor([[[4.0, 1.0, 0.0, -1.0]]], requires_grad=True)
+    result = restricted_margin(logits, torch.tensor([[0]]), k=2)
+    loss = masc_hinge(result, tau, eta)
+    assert loss.item() == pytest.approx((result.margins.item() - (tau - eta)) / eta)
+    loss.backward()
+    assert logits.grad[0, 0, 0] > 0  # gradient descent lowers the target logit
+    assert logits.grad[0, 0, 1] < 0 and logits.grad[0, 0, 2] < 0  # and raises the competitors
+    assert logits.grad[0, 0, 3] == 0  # outside the competitor set
+
+
+def test_hinge_rejects_batches_without_answer_tokens():
+    result = restricted_margin(torch.randn(1, 3, 8), torch.full((1, 3), -100), k=2)
+    with pytest.raises(ValueError, match="no answer tokens"):
+        masc_hinge(result, 0.0, 0.5)
+
+
+def test_violation_fractions_per_example():
+    logits = torch.zeros(2, 3, 6)
+    labels = torch.tensor([[1, 2, -100], [3, -100, -100]])
+    logits[0, 0, 1] = 5.0  # violates (target far above competitors)
+    logits[1, 0, 3] = 5.0
+    result = restricted_margin(logits, labels, k=2)
+    fractions, lengths = violation_fractions(result, tau=0.0)
+    assert lengths.tolist() == [2, 1]
+    assert fractions.tolist() == [0.5, 1.0]
+
+
+def test_exact_reproduction_bound_is_rho_to_the_non_violating_tokens():
+    bound = exact_reproduction_bound(torch.tensor([0.0, 0.5, 1.0]), torch.tensor([4, 4, 4]), rho=0.5)
+    assert bound.tolist() == pytest.approx([0.5**4, 0.5**2, 1.0])
+
+
+def test_hoeffding_bound():
+    # delta_0 = 6 * 0.05 / pi^2
+    expected = 0.3 + math.sqrt(math.log(math.pi**2 / (6 * 0.05)) / (2 * 50))
+    assert hoeffding_upper_bound(0.3, 50, 0, 0.05) == pytest.approx(expected)
+    assert hoeffding_upper_bound(0.3, 50, 5, 0.05) > hoeffding_upper_bound(0.3, 50, 0, 0.05)

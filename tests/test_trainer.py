@@ -1,0 +1,153 @@
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_example, make_tiny_model, memorize
+from peft import LoraConfig
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn.data import pad_examples
+
+FORGET = [make_example(i) for i in range(8)]
+RETAIN = [make_example(1000 + i) for i in range(16)]
+LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path),
+        max_steps=12,
+        probe_interval=4,
+        learning_rate=3e-3,
+        forget_weight=1.0,
+        stop_alpha=0.0,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_steps=4,
+    )
+    values.update(overrides)
+    return UnlearnConfig(**values)
+
+
+def answer_probability(model, examples):
+    batch = pad_examples(examples, 0)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    labels = batch["labels"][:, 1:]
+    mask = labels != -100
+    log_probs = torch.log_softmax(logits, -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return torch.exp((log_probs * mask).sum() / mask.sum()).item()
+
+
+def snapshot(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_masc_full_finetuning_forgets_and_keeps(tmp_path, architecture):
+    model = memorize(make_tiny_model(architecture), FORGET + RETAIN, steps=60, lr=2e-2)
+    forget_before, retain_before = answer_probability(model, FORGET), answer_probability(model, RETAIN)
+    assert forget_before > 0.9
+    before = snapshot(model)
+    trainer = UnlearnTrainer(model=model, args=config(tmp_path), train_dataset=FORGET, retain_dataset=RETAIN)
+    rate_before = trainer.probe()["violation_rate"]
+    trainer.train()
+    changed = [name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])]
+    assert len(changed) == len(before)
+    rate_after = trainer.stopping_callback.last_violation_rate
+    assert rate_after < rate_before
+    assert answer_probability(trainer.model, FORGET) < 0.5 * forget_before
+    assert answer_probability(trainer.model, RETAIN) > 0.5 * retain_before
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_masc_lora_changes_only_adapters_and_uses_base_as_reference(tmp_path, architecture):
+    model = memorize(make_tiny_model(architecture), FORGET + RETAIN, steps=60, lr=2e-2)
+    batch = pad_examples(RETAIN[:4], 0)
+    with torch.no_grad():
+        base_logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS[architecture], task_type="CAUSAL_LM")
+    trainer = UnlearnTrainer(
+        model=model, args=config(tmp_path, learning_rate=1e-2), train_dataset=FORGET, retain_dataset=RETAIN,
+        peft_config=lora,
+    )
+    assert trainer.ref_model is None  # no copy of the weights: adapters are disabled instead
+    before = snapshot(trainer.model)
+    forget_before = answer_probability(trainer.model, FORGET)
+    trainer.train()
+    changed = {name for name, p in trainer.model.named_parameters() if not torch.equal(p, before[name])}
+    assert changed and all("lora_" in name for name in changed)
+    assert answer_probability(trainer.model, FORGET) < forget_before
+    reference = trainer.reference_logits(trainer.model, batch)
+    torch.testing.assert_close(reference, base_logits)
+
+
+def test_held_out_forget_examples_never_reach_a_training_batch(tmp_path):
+    forget = [make_example(i) for i in range(20)]
+    trainer = UnlearnTrainer(
+        model=make_tiny_model(),
+        args=config(tmp_path, stop_probe="holdout", holdout_fraction=0.25, num_train_epochs=3, max_steps=-1),
+        train_dataset=forget,
+        retain_dataset=RETAIN,
+    )
+    held_out = {tuple(e["input_ids"]) for e in trainer.holdout_examples}
+    assert len(held_out) == 5
+    seen = set()
+    for epoch in range(3):
+        trainer.train_dataset.set_epoch(epoch)
+        for batch in trainer.get_train_dataloader():
+            for row, mask in zip(batch["forget"]["input_ids"].tolist(), batch["forget"]["attention_mask"].tolist()):
+                seen.add(tuple(token for token, keep in zip(row, mask) if keep))
+    assert len(seen) == 15
+    assert not seen & held_out
+    measured = trainer.probe()
+    assert {"violation_rate_train", "violation_rate_holdout", "violation_rate"} <= measured.keys()
+    assert measured["violation_rate"] == measured["violation_rate_holdout"]
+
+
+def test_stops_at_the_first_probe_at_or_under_alpha(tmp_path, memorized_llama):
+    args = config(tmp_path, stop_alpha=1.0, probe_interval=3, max_steps=30)
+    trainer = UnlearnTrainer(model=memorized_llama, args=args, train_dataset=FORGET, retain_dataset=RETAIN)
+    trainer.train()
+    assert trainer.stopping_callback.stop_step == 3
+    assert trainer.state.global_step == 3
+    assert any("violation_rate" in log for log in trainer.state.log_history)
+
+
+def test_without_reaching_alpha_the_budget_is_used(tmp_path, memorized_llama):
+    trainer = UnlearnTrainer(
+        model=memorized_llama, args=config(tmp_path, stop_alpha=0.0, forget_weight=1e-6, max_steps=8),
+        train_dataset=FORGET, retain_dataset=RETAIN,
+    )
+    trainer.train()
+    assert not trainer.stopping_callback.stopped_early
+    assert trainer.state.global_step == 8
+    assert trainer.stopping_callback.probes_done == 2
+
+
+def test_resume_restores_the_stopping_state_and_stops_at_the_same_step(tmp_path, memorized_llama_state):
+    def fresh_model():
+        model = make_tiny_model("llama")
+        model.load_state_dict(memorized_llama_state)
+        return model
+
+    common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=2)
+    uninterrupted = UnlearnTrainer(
+        model=fresh_model(), args=config(tmp_path / "a", **common), train_dataset=FORGET, retain_dataset=RETAIN
+    )
+    uninterrupted.train()
+    stop = uninterrupted.stopping_callback.stop_step
+    assert stop is not None and stop >= 4, uninterrupted.stopping_callback.history
+
+    resumed = UnlearnTrainer(
+        model=fresh_model(), args=config(tmp_path / "b", **common), train_dataset=FORGET, retain_dataset=RETAIN
+    )
+    checkpoint = tmp_path / "a" / f"checkpoint-{stop - 2}"
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    callback = resumed.stopping_callback
+    assert callback.stop_step == stop
+    assert callback.probes_done == uninterrupted.stopping_callback.probes_done
+    assert [h["step"] for h in callback.history] == [h["step"] for h in uninterrupted.stopping_callback.history]
+    for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
