@@ -37,8 +37,12 @@ class RunArguments:
     dataset_name: str = field(
         metadata={"help": "Dataset: a Hub id (e.g. locuslab/TOFU), a folder saved with save_to_disk, or a JSON file."}
     )
-    forget_subset: str | None = field(default=None, metadata={"help": "Config name of the forget data (e.g. forget10)."})
-    retain_subset: str | None = field(default=None, metadata={"help": "Config name of the retain data (e.g. retain90)."})
+    forget_subset: str | None = field(
+        default=None, metadata={"help": "Config name of the forget data (e.g. forget10)."}
+    )
+    retain_subset: str | None = field(
+        default=None, metadata={"help": "Config name of the retain data (e.g. retain90)."}
+    )
     forget_split: str = field(default="train", metadata={"help": "Split holding the forget examples."})
     retain_split: str | None = field(
         default=None, metadata={"help": "Split holding the retain examples (default: same split name as forget)."}
@@ -52,7 +56,9 @@ class RunArguments:
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow custom model code from the Hub. Off unless you trust the source."}
     )
-    torch_dtype: str = field(default="auto", metadata={"help": "dtype to load the model in (auto, float32, bfloat16)."})
+    torch_dtype: str = field(
+        default="auto", metadata={"help": "dtype to load the model in (auto, float32, bfloat16)."}
+    )
     evaluate: bool = field(default=True, metadata={"help": "Measure forget/retain metrics before and after."})
 
 

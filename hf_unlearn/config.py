@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from .margin import COMPETITOR_SOURCES, threshold_from_probability
+from .surgery import STRATEGIES
 
 # method -> (forget objective, retain objective); "none" means no retain term.
 METHODS: dict[str, tuple[str, str]] = {
@@ -68,7 +69,9 @@ class UnlearnConfig(TrainingArguments):
         default=0.5,
         metadata={"help": "MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho))."},
     )
-    masc_eta: float = field(default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."})
+    masc_eta: float = field(
+        default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."}
+    )
     competitor_source: str = field(
         default="self",
         metadata={
@@ -89,7 +92,9 @@ class UnlearnConfig(TrainingArguments):
     )
     stop_alpha: float = field(
         default=0.45,
-        metadata={"help": "Stopping rule: stop once the violation rate (fraction of violating answer tokens) <= alpha."},
+        metadata={
+            "help": "Stopping rule: stop once the violation rate (fraction of violating answer tokens) <= alpha."
+        },
     )
     probe_interval: int = field(
         default=5,
@@ -119,6 +124,14 @@ class UnlearnConfig(TrainingArguments):
     )
     hoeffding_delta: float = field(
         default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
+    )
+    gradient_surgery: str = field(
+        default="sum",
+        metadata={
+            "help": f"How the forget and retain gradients are combined at each optimizer step, one of {STRATEGIES}: "
+            "'sum' is the plain weighted sum; 'pcgrad' and 'sago' never let the forget gradient oppose the "
+            "retain gradient (arXiv 2604.14808). forget_weight is gamma, retain_weight is alpha."
+        },
     )
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
@@ -152,6 +165,13 @@ class UnlearnConfig(TrainingArguments):
         if self.probe_interval < 0:
             raise ValueError(f"probe_interval must be >= 0, got {self.probe_interval}.")
         threshold_from_probability(self.masc_rho)  # validates rho
+        if self.gradient_surgery not in STRATEGIES:
+            raise ValueError(f"gradient_surgery must be one of {STRATEGIES}, got {self.gradient_surgery!r}.")
+        if self.gradient_surgery != "sum" and self.objectives[1] == "none":
+            raise ValueError(
+                f"gradient_surgery={self.gradient_surgery!r} combines a forget and a retain gradient, but the "
+                "retain objective is 'none'. Set retain_loss='nll' or 'kl', or gradient_surgery='sum'."
+            )
         if self.holdout_fraction is None:
             self.holdout_fraction = 0.1 if self.stop_probe == "holdout" else 0.0
         if self.stop_probe == "holdout" and self.holdout_fraction == 0:

@@ -26,11 +26,9 @@ def prompt_and_completion(tokenizer: Any, question: str, answer: str) -> tuple[s
     if getattr(tokenizer, "chat_template", None):
         user = [{"role": "user", "content": question}]
         prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(
-            user + [{"role": "assistant", "content": answer}], tokenize=False
-        )
+        full = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": answer}], tokenize=False)
         if full.startswith(prompt):
-            return prompt, full[len(prompt):]
+            return prompt, full[len(prompt) :]
         return prompt, answer
     return PLAIN_PROMPT_TEMPLATE.format(question=question), " " + answer
 
@@ -41,9 +39,7 @@ def tokenize_prompt(tokenizer: Any, question: str) -> list[int]:
     return _encode(tokenizer, prompt, add_special_tokens=not getattr(tokenizer, "chat_template", None))
 
 
-def tokenize_qa(
-    tokenizer: Any, question: str, answer: str, max_length: int | None = None
-) -> dict[str, list[int]]:
+def tokenize_qa(tokenizer: Any, question: str, answer: str, max_length: int | None = None) -> dict[str, list[int]]:
     """Tokenize one QA pair; prompt tokens get label ``-100`` so only the answer is scored.
 
     Prompt and completion are encoded separately and concatenated, so the prompt/answer boundary never
@@ -176,7 +172,9 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         item: dict[str, Any] = {"forget": model_inputs(self.forget[index]), "retain": None}
         if self._retain_order:
-            item["retain"] = model_inputs(self.retain[self._retain_order[(index + self.epoch * len(self.forget)) % len(self._retain_order)]])
+            item["retain"] = model_inputs(
+                self.retain[self._retain_order[(index + self.epoch * len(self.forget)) % len(self._retain_order)]]
+            )
         return item
 
 

@@ -24,14 +24,17 @@ def load_records(name: str, subset: str | None = None, split: str = "train") -> 
     if os.path.isfile(name) and extension in DATA_FILE_FORMATS:
         return load_dataset(DATA_FILE_FORMATS[extension], data_files=name, split="train")
     if os.path.isdir(name) and (
-        os.path.exists(os.path.join(name, "dataset_info.json")) or os.path.exists(os.path.join(name, "dataset_dict.json"))
+        os.path.exists(os.path.join(name, "dataset_info.json"))
+        or os.path.exists(os.path.join(name, "dataset_dict.json"))
     ):
         loaded = load_from_disk(name if subset is None else os.path.join(name, subset))
         return loaded[split] if isinstance(loaded, DatasetDict) else loaded
     try:
         return load_dataset(name, subset, split=split)
     except Exception as error:  # datasets raises several types for "not reachable"
-        raise RuntimeError(_offline_hint(f"Could not load dataset {name!r} (subset {subset!r}, split {split!r})", error))
+        raise RuntimeError(
+            _offline_hint(f"Could not load dataset {name!r} (subset {subset!r}, split {split!r})", error)
+        ) from error
 
 
 def _offline_hint(message: str, error: Exception) -> str:
@@ -92,7 +95,9 @@ def unlearn_and_report(
     before: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring before")
-        before = {name: _evaluate(model, tokenizer, data, f"before/{name}") for name, data in eval_sets.items() if data}
+        before = {
+            name: _evaluate(model, tokenizer, data, f"before/{name}") for name, data in eval_sets.items() if data
+        }
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = UnlearnTrainer(
@@ -103,7 +108,11 @@ def unlearn_and_report(
     after: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring after")
-        after = {name: _evaluate(trainer.model, tokenizer, data, f"after/{name}") for name, data in eval_sets.items() if data}
+        after = {
+            name: _evaluate(trainer.model, tokenizer, data, f"after/{name}")
+            for name, data in eval_sets.items()
+            if data
+        }
         stages.update()
     stages.close()
     report = build_report(trainer, before, after, extra=extra)

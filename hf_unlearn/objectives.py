@@ -74,9 +74,7 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     """Log-probability of each answer token and the answer-token mask, after the causal shift."""
     logits, labels = shift_for_causal_lm(logits, labels)
     mask = labels != IGNORE_INDEX
-    log_probs = -F.cross_entropy(
-        logits.transpose(1, 2).float(), labels.masked_fill(~mask, 0), reduction="none"
-    )
+    log_probs = -F.cross_entropy(logits.transpose(1, 2).float(), labels.masked_fill(~mask, 0), reduction="none")
     return log_probs * mask, mask
 
 

@@ -12,7 +12,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,6 +40,7 @@ from .objectives import (
     get_objective,
     token_log_probs,
 )
+from .surgery import combine_gradients_
 
 if is_peft_available():
     from peft import PeftModel, get_peft_model
@@ -180,7 +181,9 @@ class UnlearnTrainer(Trainer):
         self.needs_reference = needs_reference
 
         # Held-out forget examples never enter a training batch; both probes are fixed for the whole run.
-        trained_idx, holdout_idx = split_holdout(len(train_dataset), args.holdout_fraction, args.data_seed or args.seed)
+        trained_idx, holdout_idx = split_holdout(
+            len(train_dataset), args.holdout_fraction, args.data_seed or args.seed
+        )
         forget_train = [train_dataset[i] for i in trained_idx]
         self.holdout_examples = [model_inputs(train_dataset[i]) for i in holdout_idx]
         self.forget_train_indices = trained_idx
@@ -192,7 +195,9 @@ class UnlearnTrainer(Trainer):
         paired = ForgetRetainDataset(
             forget_train, retain_dataset if self.retain_objective is not None else None, seed=args.seed
         )
-        pad_id = 0 if processing_class is None or processing_class.pad_token_id is None else processing_class.pad_token_id
+        pad_id = (
+            0 if processing_class is None or processing_class.pad_token_id is None else processing_class.pad_token_id
+        )
         self.pad_token_id = pad_id
         collator = ForgetRetainCollator(pad_id, inner=data_collator)
 
@@ -207,6 +212,15 @@ class UnlearnTrainer(Trainer):
         )
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
+        if args.gradient_surgery != "sum" and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            raise ValueError(
+                f"gradient_surgery={args.gradient_surgery!r} needs each parameter's full forget and retain gradient "
+                "on every process, but DeepSpeed/FSDP shard gradients. Use DDP (plain `accelerate launch` or "
+                "torchrun), or gradient_surgery='sum'."
+            )
+        # Gradient surgery: the forget gradient accumulated over the window lives here while p.grad holds g_r.
+        self._trainable_params = [p for p in self.model.parameters() if p.requires_grad]
+        self._stored_forget_grads: list[torch.Tensor | None] = [None] * len(self._trainable_params)
 
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self.add_callback(_RetainPairingCallback(paired))
@@ -250,29 +264,39 @@ class UnlearnTrainer(Trainer):
         with torch.no_grad(), self._reference_mode(model) as reference:
             return reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
 
-    def _objective_loss(self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective) -> torch.Tensor:
+    def _objective_loss(
+        self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective
+    ) -> torch.Tensor:
         reference = self.reference_logits(model, batch) if objective.needs_reference(self.args) else None
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return objective.fn(LossInputs(logits=logits, labels=batch["labels"], config=self.args, reference_logits=reference))
+        return objective.fn(
+            LossInputs(logits=logits, labels=batch["labels"], config=self.args, reference_logits=reference)
+        )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Weighted sum of the forget and retain objectives (used by evaluation; training backpropagates each)."""
         forget = self._objective_loss(model, inputs["forget"], self.forget_objective)
         loss = self.args.forget_weight * forget
         if self.retain_objective is not None and "retain" in inputs:
-            loss = loss + self.args.retain_weight * self._objective_loss(model, inputs["retain"], self.retain_objective)
+            loss = loss + self.args.retain_weight * self._objective_loss(
+                model, inputs["retain"], self.retain_objective
+            )
         return (loss, None) if return_outputs else loss
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
         """Forward and backward the forget batch, then the retain batch, each on its own graph.
 
-        Two backward passes keep only one graph alive at a time and give each loss its own gradient, which
-        gradient surgery needs; for a plain weighted sum they accumulate to the gradient of the summed loss.
+        Two backward passes keep only one graph alive at a time and give each loss its own gradient. With
+        ``gradient_surgery='sum'`` the weighted losses simply accumulate into ``p.grad`` (the gradient of the
+        summed loss). Otherwise the forget gradient is accumulated in a separate store over the whole
+        gradient-accumulation window (swapped in and out of ``p.grad``, so DDP all-reduces it too) and the two
+        are combined in place once, at the window's last micro-batch, before Trainer clips and steps.
         """
         model.train()
         if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
             self.optimizer.train()
         inputs = self._prepare_inputs(inputs)
+        surgery = self.args.gradient_surgery != "sum"
         scale = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         total = torch.zeros((), device=self.args.device)
         parts = [("forget", self.forget_objective, self.args.forget_weight)]
@@ -287,10 +311,38 @@ class UnlearnTrainer(Trainer):
                     "training stopped before this update, so the last saved checkpoint is intact. Lower the "
                     "learning rate or check the data."
                 )
-            self.accelerator.backward(weight * loss * scale)
+            separate = surgery and name == "forget"
+            if separate:
+                self._swap_forget_gradients()
+            # With surgery the weights are applied by the combination, not here.
+            self.accelerator.backward((1.0 if surgery else weight) * loss * scale)
+            if separate:
+                self._swap_forget_gradients()
             self._metrics[f"{name}_loss"].append(loss.detach().item())
             total = total + weight * loss.detach()
+        if surgery and self.accelerator.sync_gradients:
+            self._combine_gradients()
         return total * scale
+
+    def _swap_forget_gradients(self) -> None:
+        for i, param in enumerate(self._trainable_params):
+            param.grad, self._stored_forget_grads[i] = self._stored_forget_grads[i], param.grad
+
+    def _combine_gradients(self) -> None:
+        retain_grads = [p.grad for p in self._trainable_params]
+        updates, stats = combine_gradients_(
+            self._stored_forget_grads,
+            retain_grads,
+            self.args.gradient_surgery,
+            forget_weight=self.args.forget_weight,
+            retain_weight=self.args.retain_weight,
+        )
+        for param, update in zip(self._trainable_params, updates):
+            if update is not None:
+                param.grad = update
+        self._stored_forget_grads = [None] * len(self._trainable_params)
+        for key, value in stats.items():
+            self._metrics[f"surgery/{key}"].append(value)
 
     # --- probing ----------------------------------------------------------------------------------------
 
@@ -405,6 +457,7 @@ class UnlearnTrainer(Trainer):
         if "loss" in logs:  # training logs only
             for key, values in self._metrics.items():
                 if values:
-                    logs[key] = sum(values) / len(values) if key.endswith("_loss") else values[-1]
+                    averaged = key.endswith("_loss") or key.startswith("surgery/")
+                    logs[key] = sum(values) / len(values) if averaged else values[-1]
             self._metrics.clear()
         super().log(logs, start_time)

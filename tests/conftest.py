@@ -17,20 +17,35 @@ def make_tiny_model(architecture: str = "llama", seed: int = 0, vocab_size: int 
     torch.manual_seed(seed)
     if architecture == "llama":
         config = LlamaConfig(
-            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            intermediate_size=64, max_position_embeddings=64,
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
         )
         return LlamaForCausalLM(config)
     if architecture == "qwen2":
         config = Qwen2Config(
-            vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
         )
         return Qwen2ForCausalLM(config)
     if architecture == "gpt2":
         config = GPT2Config(
-            vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            vocab_size=vocab_size,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=64,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
         )
         return GPT2LMHeadModel(config)
     raise ValueError(architecture)
@@ -53,7 +68,7 @@ def retain_examples():
 
 
 def memorize(model, examples, steps: int = 150, lr: float = 1e-2):
-    """Teach a tiny model the answers of ``examples`` (plain AdamW on answer tokens), so there is something to forget."""
+    """Teach a tiny model the answers of ``examples`` (AdamW on answer tokens): something to forget."""
     from hf_unlearn.data import pad_examples
 
     batch = pad_examples(examples, pad_token_id=0)

@@ -36,7 +36,9 @@ def test_forget_labels_all_masked(tmp_path):
 def test_some_examples_without_answer_tokens(tmp_path):
     forget = list(FORGET)
     forget[3] = dict(forget[3], labels=[-100] * 12)
-    with pytest.raises(ValueError, match=r"1 forget example\(s\) have no answer tokens \(all labels -100\), e.g. indices \[3\]"):
+    with pytest.raises(
+        ValueError, match=r"1 forget example\(s\) have no answer tokens \(all labels -100\), e.g. indices \[3\]"
+    ):
         build(tmp_path, forget=forget)
 
 
@@ -52,7 +54,9 @@ def test_method_with_retain_term_needs_retain_data(tmp_path, method):
 
 
 def test_method_without_retain_term_runs_without_retain_data(tmp_path):
-    trainer = build(tmp_path, retain=None, method="masc", retain_loss="none", probe_interval=0, stop_on_violation=False)
+    trainer = build(
+        tmp_path, retain=None, method="masc", retain_loss="none", probe_interval=0, stop_on_violation=False
+    )
     trainer.train()
     assert trainer.state.global_step == 3
 

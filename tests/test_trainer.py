@@ -69,7 +69,10 @@ def test_masc_lora_changes_only_adapters_and_uses_base_as_reference(tmp_path, ar
         base_logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS[architecture], task_type="CAUSAL_LM")
     trainer = UnlearnTrainer(
-        model=model, args=config(tmp_path, learning_rate=1e-2), train_dataset=FORGET, retain_dataset=RETAIN,
+        model=model,
+        args=config(tmp_path, learning_rate=1e-2),
+        train_dataset=FORGET,
+        retain_dataset=RETAIN,
         peft_config=lora,
     )
     assert trainer.ref_model is None  # no copy of the weights: adapters are disabled instead
@@ -117,8 +120,10 @@ def test_stops_at_the_first_probe_at_or_under_alpha(tmp_path, memorized_llama):
 
 def test_without_reaching_alpha_the_budget_is_used(tmp_path, memorized_llama):
     trainer = UnlearnTrainer(
-        model=memorized_llama, args=config(tmp_path, stop_alpha=0.0, forget_weight=1e-6, max_steps=8),
-        train_dataset=FORGET, retain_dataset=RETAIN,
+        model=memorized_llama,
+        args=config(tmp_path, stop_alpha=0.0, forget_weight=1e-6, max_steps=8),
+        train_dataset=FORGET,
+        retain_dataset=RETAIN,
     )
     trainer.train()
     assert not trainer.stopping_callback.stopped_early
@@ -151,3 +156,39 @@ def test_resume_restores_the_stopping_state_and_stops_at_the_same_step(tmp_path,
     assert [h["step"] for h in callback.history] == [h["step"] for h in uninterrupted.stopping_callback.history]
     for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["sago", "pcgrad"])
+def test_surgery_sees_gradients_accumulated_over_the_whole_window(tmp_path, memorized_llama_state, strategy):
+    """Accumulating 4 micro-batches of 2 must give the same step as one batch of 8 (the combination is
+    nonlinear, so combining per micro-batch would not)."""
+
+    def run(batch_size, accumulation):
+        model = make_tiny_model("llama")
+        model.load_state_dict(memorized_llama_state)
+        args = config(
+            tmp_path / f"{batch_size}",
+            gradient_surgery=strategy,
+            retain_loss="nll",  # KL is exactly 0 at the start, so its gradient is all noise
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            max_steps=1,
+            probe_interval=0,
+            stop_on_violation=False,
+            max_grad_norm=0.0,
+            logging_steps=1,
+        )
+        trainer = UnlearnTrainer(model=model, args=args, train_dataset=FORGET, retain_dataset=RETAIN)
+        trainer.train()
+        return trainer
+
+    accumulated, single = run(2, 4), run(8, 1)
+    for a, b in zip(accumulated.model.parameters(), single.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    logged = [log for log in accumulated.state.log_history if "surgery/cos_update_retain" in log]
+    assert logged and logged[0]["surgery/cos_update_retain"] >= 0
+
+
+def test_surgery_needs_a_retain_term():
+    with pytest.raises(ValueError, match="retain objective is 'none'"):
+        UnlearnConfig(output_dir="x", gradient_surgery="sago", retain_loss="none")
