@@ -68,7 +68,7 @@ def load_model_and_tokenizer(name: str, trust_remote_code: bool = False, dtype: 
 def _evaluate(model: Any, tokenizer: Any, records: Dataset, name: str) -> dict:
     from .metrics import evaluate_qa
 
-    return evaluate_qa(model, tokenizer, records, show_progress=True, desc=name)
+    return evaluate_qa(model, tokenizer, records, show_progress=True)
 
 
 def unlearn_and_report(

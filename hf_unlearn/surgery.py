@@ -22,7 +22,10 @@ def _conflicts(forget: torch.Tensor, retain: torch.Tensor) -> torch.Tensor:
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.sum(a.double() * b.double())
+    """Dot product of two same-shape tensors, accumulated in float64 without a float64 copy of fp32 inputs."""
+    if a.dtype in (torch.float16, torch.bfloat16):
+        a, b = a.float(), b.float()
+    return torch.dot(a.reshape(-1), b.reshape(-1)).double()
 
 
 def _dense(forget: Sequence[torch.Tensor | None], retain: Sequence[torch.Tensor | None]):

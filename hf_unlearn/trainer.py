@@ -83,6 +83,19 @@ def _check_examples(dataset: Sequence[Mapping[str, Any]], name: str) -> None:
         )
 
 
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    """A deep copy for the reference model that really runs on its own weights.
+
+    A model that went through another Trainer (e.g. SFTTrainer) can carry a ``forward`` patched onto the
+    instance and bound to the original object; deep-copying keeps that binding, so the "copy" would silently
+    compute with the weights being trained. Dropping instance-level forwards restores the class's forward.
+    """
+    reference = copy.deepcopy(model)
+    for module in reference.modules():
+        module.__dict__.pop("forward", None)
+    return reference
+
+
 class _RetainPairingCallback(TrainerCallback):
     """Tell the paired dataset which epoch it is in, so retain pairs rotate deterministically."""
 
@@ -174,7 +187,7 @@ class UnlearnTrainer(Trainer):
             self.retain_objective is not None and self.retain_objective.needs_reference(args)
         )
         if needs_reference and ref_model is None and not _is_peft_model(model):
-            ref_model = copy.deepcopy(model)
+            ref_model = _frozen_copy(model)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.ref_model = ref_model

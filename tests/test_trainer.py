@@ -192,3 +192,20 @@ def test_surgery_sees_gradients_accumulated_over_the_whole_window(tmp_path, memo
 def test_surgery_needs_a_retain_term():
     with pytest.raises(ValueError, match="retain objective is 'none'"):
         UnlearnConfig(output_dir="x", gradient_surgery="sago", retain_loss="none")
+
+
+def test_reference_copy_does_not_follow_the_trained_weights(tmp_path):
+    """A model whose forward was patched on the instance (as a previous Trainer can leave it) still gets a
+    reference that computes with the start weights."""
+    import functools
+
+    model = make_tiny_model("llama")
+    original_forward = model.forward
+    model.forward = functools.wraps(original_forward)(lambda *a, **k: original_forward(*a, **k))
+    trainer = UnlearnTrainer(model=model, args=config(tmp_path), train_dataset=FORGET, retain_dataset=RETAIN)
+    batch = pad_examples(RETAIN[:2], 0)
+    start = trainer.reference_logits(trainer.model, batch)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.mul_(0.5)
+    torch.testing.assert_close(trainer.reference_logits(trainer.model, batch), start)

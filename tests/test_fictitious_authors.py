@@ -1,0 +1,190 @@
+"""Tests of the embedded fictitious-authors benchmark (offline, deterministic)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from datasets import Dataset
+
+from hf_unlearn.benchmarks import (
+    SPLIT_NAMES,
+    build_tokenizer,
+    generate_benchmark,
+    learn_target_model,
+    load_split,
+    tiny_model,
+    tiny_model_config,
+)
+from hf_unlearn.benchmarks.fictitious_authors import _sft_trainer
+from hf_unlearn.data import IGNORE_INDEX, tokenize_qa
+
+RECORD_KEYS = {"author", "author_index", "question", "answer", "paraphrased_answer", "perturbed_answer", "is_holdout"}
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return generate_benchmark()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(records):
+    return build_tokenizer(records)
+
+
+def test_generation_is_deterministic(records):
+    assert generate_benchmark() == records
+    assert generate_benchmark(seed=1) != records
+    assert {r["author"] for r in generate_benchmark(seed=1)} != {r["author"] for r in records}
+
+
+def test_record_shape(records):
+    assert len(records) == (40 + 4) * 5
+    for r in records:
+        assert RECORD_KEYS <= set(r)
+        assert r["author"] in r["question"] and r["author"] in r["answer"]
+        assert r["paraphrased_answer"] != r["answer"]
+        assert len(r["perturbed_answer"]) == 3 and len(set(r["perturbed_answer"])) == 3
+        assert r["answer"] not in r["perturbed_answer"]
+        assert r["is_holdout"] == (r["author_index"] >= 40)
+    authors = {}
+    for r in records:
+        authors.setdefault(r["author_index"], set()).add(r["author"])
+    assert all(len(names) == 1 for names in authors.values())
+    assert len({next(iter(names)) for names in authors.values()}) == 44  # unique names
+    for index in authors:
+        questions = [r["question"] for r in records if r["author_index"] == index]
+        assert len(set(questions)) == 5
+        attributes = [r["attribute"] for r in records if r["author_index"] == index]
+        assert len(set(attributes)) == 5  # different attributes
+
+
+def test_learned_authors_do_not_depend_on_holdout_count(records):
+    learned = [r for r in records if not r["is_holdout"]]
+    assert [r for r in generate_benchmark(num_holdout_authors=0)] == learned
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError, match="questions_per_author"):
+        generate_benchmark(questions_per_author=99)
+    with pytest.raises(ValueError, match="forget10"):
+        load_split("forget50")
+
+
+def _authors(dataset: Dataset) -> set[int]:
+    return set(dataset["author_index"])
+
+
+def test_split_sizes_and_disjointness():
+    splits = {name: load_split(name) for name in SPLIT_NAMES}
+    assert len(_authors(splits["forget01"])) == 1
+    assert len(_authors(splits["forget05"])) == 2
+    assert len(_authors(splits["forget10"])) == 4
+    assert _authors(splits["forget10"]) == {36, 37, 38, 39}  # the last learned authors, as in TOFU
+    assert len(splits["full"]) == 200 and len(splits["holdout"]) == 20
+    full = _authors(splits["full"])
+    for forget, retain in (("forget01", "retain99"), ("forget05", "retain95"), ("forget10", "retain90")):
+        assert _authors(splits[forget]) | _authors(splits[retain]) == full
+        assert not _authors(splits[forget]) & _authors(splits[retain])
+        assert len(splits[forget]) + len(splits[retain]) == len(splits["full"])
+    assert not _authors(splits["holdout"]) & full
+    assert all(splits["holdout"]["is_holdout"]) and not any(splits["full"]["is_holdout"])
+
+
+def test_split_generate_kwargs():
+    assert len(_authors(load_split("forget10", num_authors=20))) == 2
+    assert len(load_split("holdout", num_holdout_authors=0)) == 0
+    assert load_split("full", seed=3)["question"] == load_split("full", seed=3)["question"]
+
+
+def test_tokenizer_round_trips(records, tokenizer, tmp_path):
+    assert tokenizer.chat_template is None
+    assert len(tokenizer) <= 1024
+    assert {tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token} == {
+        "<pad>", "<s>", "</s>", "<unk>"
+    }
+    ids = tokenizer("Hello there")["input_ids"]
+    assert ids[0] == tokenizer.bos_token_id and tokenizer.eos_token_id not in ids
+    assert tokenizer("Hello there", add_special_tokens=False)["input_ids"] == ids[1:]
+    for r in records:
+        for text in (r["answer"], r["paraphrased_answer"], *r["perturbed_answer"]):
+            assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+        example = tokenize_qa(tokenizer, r["question"], r["answer"])
+        answer_ids = [t for t in example["labels"] if t != IGNORE_INDEX]
+        assert answer_ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(answer_ids, skip_special_tokens=True).strip() == r["answer"]
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = type(tokenizer).from_pretrained(tmp_path)
+    assert reloaded("Where was Veloran Quist born?")["input_ids"] == tokenizer("Where was Veloran Quist born?")[
+        "input_ids"
+    ]
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_tiny_model_forward(tokenizer, architecture):
+    config = tiny_model_config(tokenizer, architecture)
+    assert config.vocab_size == len(tokenizer)
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (
+        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    )
+    model = tiny_model(tokenizer, architecture, seed=0)
+    assert sum(p.numel() for p in model.parameters()) < 3_000_000
+    batch = tokenizer(["Where was Veloran Quist born?", "Hi"], padding=True, return_tensors="pt")
+    out = model(**batch, labels=batch["input_ids"])
+    assert out.logits.shape == (2, batch["input_ids"].shape[1], len(tokenizer))
+    assert torch.isfinite(out.loss)
+    again = tiny_model(tokenizer, architecture, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
+
+
+def test_unknown_architecture(tokenizer):
+    with pytest.raises(ValueError, match="architecture"):
+        tiny_model_config(tokenizer, "bert")
+
+
+def test_sft_trainer_masks_prompt(records, tokenizer, tmp_path):
+    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records[:8]]
+    trainer = _sft_trainer(
+        tiny_model(tokenizer), tokenizer, Dataset.from_list(examples), str(tmp_path), max_epochs=1,
+        learning_rate=1e-3, batch_size=8, seed=0, show_progress=False,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    by_ids = {tuple(e["input_ids"]): e["labels"] for e in examples}
+    for ids, labels, mask in zip(batch["input_ids"], batch["labels"], batch["attention_mask"], strict=True):
+        length = int(mask.sum())
+        expected = by_ids[tuple(ids[:length].tolist())]
+        assert labels[:length].tolist() == expected  # the prompt keeps -100: no loss on it
+        assert set(labels[length:].tolist()) <= {IGNORE_INDEX}
+
+
+@pytest.mark.slow
+def test_learn_target_model_reaches_target_and_caches(tmp_path):
+    kwargs = dict(cache_dir=tmp_path, num_authors=20, max_epochs=60, target_exact_match=0.95, show_progress=False)
+    model, tokenizer, info = learn_target_model(**kwargs)
+    assert not info["cached"]
+    assert info["exact_match"] >= 0.95
+    assert info["num_examples"] == 100
+    assert 0 < info["epochs"] <= 60
+    entry = tmp_path / "fictitious_authors"
+    assert [p.name for p in entry.iterdir()] == [info["path"].rsplit("/", 1)[-1]]  # no temporary folder left
+    saved = json.loads((entry / info["path"].rsplit("/", 1)[-1] / "info.json").read_text())
+    assert saved["exact_match"] == info["exact_match"]
+
+    model2, tokenizer2, info2 = learn_target_model(**kwargs)
+    assert info2["cached"] and info2["path"] == info["path"]
+    assert info2["exact_match"] == info["exact_match"] and info2["epochs"] == info["epochs"]
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values(), strict=True)
+    )
+    question = "Where was Veloran Quist born?"
+    assert tokenizer2(question)["input_ids"] == tokenizer(question)["input_ids"]
+
+    from hf_unlearn.metrics import evaluate_qa
+
+    scores = evaluate_qa(model2, tokenizer2, load_split("full", num_authors=20))
+    assert scores["exact_match"] == pytest.approx(info["exact_match"])
+    assert scores["num_examples"] == 100
+
+    _, _, other = learn_target_model(**{**kwargs, "max_epochs": 1})  # another setting, another cache entry
+    assert not other["cached"] and other["path"] != info["path"]

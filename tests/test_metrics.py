@@ -1,0 +1,139 @@
+"""Tests of the batched QA metrics against hand values and per-example loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
+from hf_unlearn.data import tokenize_prompt, tokenize_qa
+from hf_unlearn.metrics import (
+    answer_log_probs,
+    answer_probability,
+    default_max_new_tokens,
+    evaluate_qa,
+    exact_match,
+    generate_answers,
+    rouge_l_recall,
+)
+
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return generate_benchmark(num_authors=4, num_holdout_authors=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(generate_benchmark(num_authors=8), vocab_size=512)
+
+
+def test_rouge_l_recall_hand_values():
+    predictions = ["the cat sat", "The cat.", "cats running fast", "", "sat the cat"]
+    references = ["the cat sat on the mat", "the cat", "cat run", "anything", "the cat sat"]
+    # Longest common subsequence 3 of 6 reference tokens; case and punctuation ignored; Porter stemming
+    # ("cats" -> "cat", "running" -> "run"); empty prediction; word order matters (LCS "the cat", 2 of 3).
+    expected = [0.5, 1.0, 1.0, 0.0, 2 / 3]
+    assert rouge_l_recall(predictions, references) == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        rouge_l_recall(["a"], [])
+
+
+def test_exact_match_normalisation():
+    predictions = ["  Hello   World. ", "hello world!", "Hello, world", "hello", "Hello\nWorld"]
+    references = ["hello world", "Hello World.", "hello world", "world", "hello world"]
+    assert exact_match(predictions, references) == [1.0, 1.0, 0.0, 0.0, 1.0]
+    assert exact_match([], []) == []
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_batched_log_probs_match_per_example_loop(tokenizer, records, architecture):
+    model = tiny_model(tokenizer, architecture, seed=1, **SMALL)
+    model.train()  # the metric must switch to eval (no dropout) and switch back
+    questions = [r["question"] for r in records]
+    answers = [r["answer"] for r in records]
+    batched = answer_log_probs(model, tokenizer, questions, answers, batch_size=8)
+    assert model.training
+    single = answer_log_probs(model, tokenizer, questions, answers, batch_size=1)
+    model.eval()
+    for (total, count), (total1, count1), q, a in zip(batched, single, questions, answers, strict=True):
+        example = tokenize_qa(tokenizer, q, a)
+        n_answer = sum(label != -100 for label in example["labels"])
+        assert count == count1 == n_answer
+        assert total == pytest.approx(total1, abs=1e-4)
+        # The model's own loss is the mean NLL of the same (shifted) answer tokens.
+        with torch.no_grad():
+            loss = model(**{k: torch.tensor([v]) for k, v in example.items()}).loss.item()
+        assert total == pytest.approx(-loss * n_answer, abs=1e-3)
+    probabilities = answer_probability(model, tokenizer, questions, answers, batch_size=5)
+    expected = [math.exp(total / count) for total, count in single]
+    assert probabilities == pytest.approx(expected, rel=1e-4)
+    assert all(0 < p < 1 for p in probabilities)
+
+
+def _greedy(model, tokenizer, question: str, max_new_tokens: int) -> str:
+    """Greedy decoding by hand: argmax of the full forward pass, no cache, no padding."""
+    ids = tokenize_prompt(tokenizer, question)
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=torch.tensor([ids + new])).logits[0, -1]
+            token = int(logits.argmax())
+            if token == tokenizer.eos_token_id:
+                break
+            new.append(token)
+    return tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_left_padded_generation_matches_per_example(tokenizer, records, architecture):
+    model = tiny_model(tokenizer, architecture, seed=2, **SMALL)
+    model.train()
+    questions = [r["question"] for r in records][:12]
+    assert len({len(tokenize_prompt(tokenizer, q)) for q in questions}) > 1  # the batch really is padded
+    tokenizer.padding_side = "right"
+    batched = generate_answers(model, tokenizer, questions, max_new_tokens=10, batch_size=6)
+    assert tokenizer.padding_side == "right" and model.training
+    single = generate_answers(model, tokenizer, questions, max_new_tokens=10, batch_size=1)
+    assert batched == single
+    model.eval()
+    assert batched == [_greedy(model, tokenizer, q, 10) for q in questions]
+    assert any(batched)
+
+
+def test_generation_stops_at_eos(tokenizer):
+    model = tiny_model(tokenizer, "llama", seed=0, **SMALL)
+
+    class EosHead(torch.nn.Module):
+        """Makes EOS the most likely next token everywhere, so every answer ends at once."""
+
+        def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+            logits = torch.zeros(*hidden.shape[:-1], len(tokenizer))
+            logits[..., tokenizer.eos_token_id] = 10.0
+            return logits
+
+    model.lm_head = EosHead()
+    assert generate_answers(model, tokenizer, ["Where was Veloran Quist born?", "Hi?"], max_new_tokens=5) == ["", ""]
+
+
+def test_evaluate_qa(tokenizer, records):
+    model = tiny_model(tokenizer, "llama", seed=0, **SMALL)
+    rows = records[:6] + [{"question": "Only a question?"}]
+    scores = evaluate_qa(model, tokenizer, rows, batch_size=4)
+    assert set(scores) == {"rouge_l_recall", "probability", "exact_match", "num_examples"}
+    assert scores["num_examples"] == 6
+    assert 0 <= scores["rouge_l_recall"] <= 1 and 0 < scores["probability"] < 1
+    assert scores["exact_match"] == 0.0  # a random model knows nothing
+
+    from datasets import Dataset
+
+    from_dataset = evaluate_qa(model, tokenizer, Dataset.from_list(records[:6]), batch_size=4)
+    assert from_dataset == pytest.approx(scores)
+    assert default_max_new_tokens(tokenizer, [r["answer"] for r in records]) > max(
+        len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in records
+    )
+    assert evaluate_qa(model, tokenizer, [])["num_examples"] == 0
