@@ -70,6 +70,14 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     def stopped_early(self) -> bool:
         return self.stop_step is not None
 
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Record the start point (step 0) for the curves; it is not a stopping decision."""
+        if self.probe_interval > 0 and state.global_step == 0 and not self.history and self._probe is not None:
+            self.history.append({"step": 0, **self._probe()})
+        return control
+
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:

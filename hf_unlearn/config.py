@@ -91,7 +91,7 @@ class UnlearnConfig(TrainingArguments):
         },
     )
     stop_alpha: float = field(
-        default=0.45,
+        default=0.2,
         metadata={
             "help": "Stopping rule: stop once the violation rate (fraction of violating answer tokens) <= alpha."
         },

@@ -45,7 +45,7 @@ def _offline_hint(message: str, error: Exception) -> str:
         if offline
         else " Check the name, your network connection and, for gated repos, `hf auth login`."
     )
-    return f"{message}: {type(error).__name__}: {error}.{hint}"
+    return f"{message}: {type(error).__name__}: {str(error).rstrip('.')}.{hint}"
 
 
 def load_model_and_tokenizer(name: str, trust_remote_code: bool = False, dtype: str = "auto") -> tuple[Any, Any]:
@@ -135,7 +135,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
 
     start = time.perf_counter()
     model, tokenizer, learn_info = learn_target_model(
-        cache_dir=demo_args.cache_dir, architecture=demo_args.architecture, seed=config.seed
+        cache_dir=demo_args.cache_dir, architecture=demo_args.architecture
     )
     forget = load_split(demo_args.split)
     retain = load_split(f"retain{100 - int(demo_args.split.removeprefix('forget')):02d}")

@@ -35,7 +35,7 @@ def _batches(items: Sequence[Any], batch_size: int) -> Iterable[Sequence[Any]]:
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     for start in range(0, len(items), batch_size):
-        yield items[start:start + batch_size]
+        yield items[start : start + batch_size]
 
 
 def _progress(iterable: Iterable[Any], total: int, desc: str, show: bool) -> Iterable[Any]:
@@ -58,7 +58,11 @@ def _device(model: Any) -> torch.device:
 
 
 def generate_answers(
-    model: Any, tokenizer: Any, questions: Sequence[str], max_new_tokens: int = 32, batch_size: int = 32,
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    max_new_tokens: int = 32,
+    batch_size: int = 32,
     show_progress: bool = False,
 ) -> list[str]:
     """Greedy answers to ``questions``, generated in left-padded batches.
@@ -72,7 +76,11 @@ def generate_answers(
     pad_id = _pad_token_id(tokenizer)
     eos_id = tokenizer.eos_token_id
     generation_config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos_id, pad_token_id=pad_id,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
         bos_token_id=tokenizer.bos_token_id,
     )
     device = _device(model)
@@ -96,9 +104,9 @@ def generate_answers(
                 output = model.generate(
                     input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
                 )
-                for row in output[:, input_ids.shape[1]:].tolist():
+                for row in output[:, input_ids.shape[1] :].tolist():
                     if eos_id is not None and eos_id in row:
-                        row = row[:row.index(eos_id)]
+                        row = row[: row.index(eos_id)]
                     answers.append(tokenizer.decode(row, skip_special_tokens=True).strip())
     finally:
         tokenizer.padding_side = padding_side
@@ -114,7 +122,11 @@ def _left_pad(batch: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Te
 
 
 def answer_log_probs(
-    model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], batch_size: int = 32,
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    batch_size: int = 32,
     show_progress: bool = False,
 ) -> list[tuple[float, int]]:
     """Per example ``(sum of the answer tokens' log-probabilities, number of answer tokens)``, teacher-forced.
@@ -150,7 +162,11 @@ def answer_log_probs(
 
 
 def answer_probability(
-    model: Any, tokenizer: Any, questions: Sequence[str], answers: Sequence[str], batch_size: int = 32,
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    batch_size: int = 32,
     show_progress: bool = False,
 ) -> list[float]:
     """Per example ``exp(-mean token NLL)`` of the answer, i.e. ``P(a | q) ** (1 / |a|)`` (TOFU's "Prob")."""
@@ -209,7 +225,11 @@ def _records(dataset_or_records: Any) -> list[Mapping[str, Any]]:
 
 
 def evaluate_qa(
-    model: Any, tokenizer: Any, dataset_or_records: Any, max_new_tokens: int | None = None, batch_size: int = 32,
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    max_new_tokens: int | None = None,
+    batch_size: int = 32,
     show_progress: bool = False,
 ) -> dict[str, float]:
     """Mean ROUGE-L recall, answer probability and exact match over the records with ``question`` and ``answer``.
@@ -238,4 +258,3 @@ def evaluate_qa(
         "exact_match": mean(exact_match(predictions, answers)),
         "num_examples": len(records),
     }
-

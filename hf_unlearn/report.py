@@ -92,11 +92,11 @@ def report_markdown(report: dict) -> str:
         f"(alpha = {_fmt(report['alpha'])}).",
         f"- Exact-reproduction bound (MASC Proposition 1, mean over forget answers): "
         f"{_fmt(report['exact_reproduction_bound'])}; measured exact match after: "
-        f"{_fmt(report['after']['forget'].get('exact_match'))}.",
-        "",
-        report_table(report),
+        f"{_fmt(report['after'].get('forget', {}).get('exact_match'))}.",
         "",
     ]
+    if report["before"] and report["after"]:
+        summary += [report_table(report), ""]
     return "\n".join(summary)
 
 

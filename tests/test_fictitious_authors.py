@@ -102,7 +102,10 @@ def test_tokenizer_round_trips(records, tokenizer, tmp_path):
     assert tokenizer.chat_template is None
     assert len(tokenizer) <= 1024
     assert {tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token, tokenizer.unk_token} == {
-        "<pad>", "<s>", "</s>", "<unk>"
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<unk>",
     }
     ids = tokenizer("Hello there")["input_ids"]
     assert ids[0] == tokenizer.bos_token_id and tokenizer.eos_token_id not in ids
@@ -116,9 +119,10 @@ def test_tokenizer_round_trips(records, tokenizer, tmp_path):
         assert tokenizer.decode(answer_ids, skip_special_tokens=True).strip() == r["answer"]
     tokenizer.save_pretrained(tmp_path)
     reloaded = type(tokenizer).from_pretrained(tmp_path)
-    assert reloaded("Where was Veloran Quist born?")["input_ids"] == tokenizer("Where was Veloran Quist born?")[
-        "input_ids"
-    ]
+    assert (
+        reloaded("Where was Veloran Quist born?")["input_ids"]
+        == tokenizer("Where was Veloran Quist born?")["input_ids"]
+    )
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
@@ -126,7 +130,9 @@ def test_tiny_model_forward(tokenizer, architecture):
     config = tiny_model_config(tokenizer, architecture)
     assert config.vocab_size == len(tokenizer)
     assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (
-        tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
     )
     model = tiny_model(tokenizer, architecture, seed=0)
     assert sum(p.numel() for p in model.parameters()) < 3_000_000
@@ -146,8 +152,15 @@ def test_unknown_architecture(tokenizer):
 def test_sft_trainer_masks_prompt(records, tokenizer, tmp_path):
     examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records[:8]]
     trainer = _sft_trainer(
-        tiny_model(tokenizer), tokenizer, Dataset.from_list(examples), str(tmp_path), max_epochs=1,
-        learning_rate=1e-3, batch_size=8, seed=0, show_progress=False,
+        tiny_model(tokenizer),
+        tokenizer,
+        Dataset.from_list(examples),
+        str(tmp_path),
+        max_epochs=1,
+        learning_rate=1e-3,
+        batch_size=8,
+        seed=0,
+        show_progress=False,
     )
     batch = next(iter(trainer.get_train_dataloader()))
     by_ids = {tuple(e["input_ids"]): e["labels"] for e in examples}

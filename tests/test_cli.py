@@ -1,0 +1,132 @@
+"""The command line: `run` on local files in the Hub schema, YAML configs, and the offline demo."""
+
+import json
+
+import pytest
+import yaml
+from datasets import Dataset
+
+from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.cli import main
+from hf_unlearn.data import tokenize_qa
+from hf_unlearn.demo import load_records
+
+REPORT_KEYS = {
+    "method",
+    "stopped_early",
+    "stop_step",
+    "max_steps",
+    "wall_seconds",
+    "violation_rate",
+    "alpha",
+    "exact_reproduction_bound",
+    "before",
+    "after",
+}
+
+
+@pytest.fixture(scope="module")
+def local_model_and_data(tmp_path_factory):
+    """A tiny model folder and TOFU-schema JSON files (question/answer columns), as a user would have."""
+    root = tmp_path_factory.mktemp("local")
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "gpt2", hidden_size=32, num_layers=1, num_heads=2)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    load_split("forget05").to_json(root / "forget.json")
+    load_split("retain95").select(range(20)).to_json(root / "retain.jsonl")
+    return root
+
+
+def test_run_from_local_files(tmp_path, local_model_and_data):
+    root = local_model_and_data
+    out = tmp_path / "out"
+    main(
+        [
+            "run",
+            "--model_name_or_path",
+            str(root / "model"),
+            "--dataset_name",
+            str(root / "forget.json"),
+            "--retain_dataset_name",
+            str(root / "retain.jsonl"),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "4",
+            "--probe_interval",
+            "2",
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "true",
+            "--learning_rate",
+            "1e-3",
+        ]
+    )
+    report = json.loads((out / "report.json").read_text())
+    assert REPORT_KEYS <= report.keys()
+    assert report["before"]["forget"]["num_examples"] == 10
+    assert (out / "model.safetensors").exists() and (out / "report.md").exists()
+
+
+def test_run_from_yaml_and_unknown_keys_are_named(tmp_path, local_model_and_data):
+    root = local_model_and_data
+    config = {
+        "model_name_or_path": str(root / "model"),
+        "dataset_name": str(root / "forget.json"),
+        "retain_dataset_name": str(root / "retain.jsonl"),
+        "output_dir": str(tmp_path / "yaml-out"),
+        "max_steps": 2,
+        "probe_interval": 1,
+        "report_to": "none",
+        "use_cpu": True,
+        "evaluate": False,
+        "method": "npo_klr",
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    main(["run", str(path)])
+    report = json.loads((tmp_path / "yaml-out" / "report.json").read_text())
+    assert report["method"] == "npo_klr" and report["stop_step"] == 2 and not report["stopped_early"]
+    path.write_text(yaml.safe_dump(dict(config, forget_rate=0.1)))
+    with pytest.raises(ValueError, match="forget_rate"):
+        main(["run", str(path)])
+
+
+def test_saved_dataset_folder_and_hub_schema(tmp_path):
+    records = Dataset.from_list([{"question": "Who?", "answer": "Nobody."}])
+    records.save_to_disk(tmp_path / "saved")
+    assert load_records(str(tmp_path / "saved"))[0]["answer"] == "Nobody."
+
+
+def test_offline_hub_id_fails_with_a_clear_message(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="(?s)Could not load dataset 'someone/not-here'.*HF_HUB_OFFLINE=1"):
+        load_records("someone/not-here", "forget10")
+    with pytest.raises(RuntimeError, match="(?s)Could not load model 'someone/not-here'.*HF_HUB_OFFLINE=1"):
+        main(["run", "--model_name_or_path", "someone/not-here", "--dataset_name", "x", "--output_dir", "o"])
+
+
+def test_tokenize_qa_masks_the_prompt():
+    tokenizer = build_tokenizer()
+    example = tokenize_qa(tokenizer, "Where was Ann born?", "Ann was born in Oslo.")
+    answer = [t for t, label in zip(example["input_ids"], example["labels"]) if label != -100]
+    assert tokenizer.decode(answer, skip_special_tokens=True).strip() == "Ann was born in Oslo."
+    assert example["labels"][0] == -100 and example["labels"][-1] == tokenizer.eos_token_id
+
+
+@pytest.mark.slow
+def test_demo_forgets_keeps_and_stops_itself(tmp_path, monkeypatch):
+    """README command one, end to end: learn the benchmark, unlearn forget10 with MASC, write the report."""
+    monkeypatch.setenv("HF_UNLEARN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    main(["demo", "--output_dir", str(out), "--disable_tqdm", "true"])
+    report = json.loads((out / "report.json").read_text())
+    assert REPORT_KEYS <= report.keys()
+    assert report["stopped_early"] and report["stop_step"] <= report["max_steps"] / 2
+    before, after = report["before"], report["after"]
+    assert after["forget"]["rouge_l_recall"] <= 0.5 * before["forget"]["rouge_l_recall"]
+    assert after["retain"]["rouge_l_recall"] >= 0.9 * before["retain"]["rouge_l_recall"]
+    assert report["exact_reproduction_bound"] < 0.5
+    assert (out / "training_curves.png").stat().st_size > 10_000
