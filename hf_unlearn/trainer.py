@@ -337,6 +337,15 @@ class UnlearnTrainer(Trainer):
             self._combine_gradients()
         return total * scale
 
+    def _is_logging_step(self) -> bool:
+        """Whether the optimizer step being prepared will be logged (surgery statistics cost extra passes)."""
+        if self.args.logging_strategy != "steps":
+            return False
+        every = max(int(self.state.logging_steps or self.args.logging_steps or 1), 1)
+        return (self.state.global_step + 1) % every == 0 or (
+            self.state.global_step == 0 and self.args.logging_first_step
+        )
+
     def _swap_forget_gradients(self) -> None:
         for i, param in enumerate(self._trainable_params):
             param.grad, self._stored_forget_grads[i] = self._stored_forget_grads[i], param.grad
@@ -349,10 +358,13 @@ class UnlearnTrainer(Trainer):
             self.args.gradient_surgery,
             forget_weight=self.args.forget_weight,
             retain_weight=self.args.retain_weight,
+            with_stats=self._is_logging_step(),
         )
         for param, update in zip(self._trainable_params, updates):
             if update is not None:
                 param.grad = update
+        # The forget tensors were consumed by the combination. Dropping them (rather than zeroing them) lets
+        # the next forget backward adopt its freshly computed gradient buffers without an extra pass.
         self._stored_forget_grads = [None] * len(self._trainable_params)
         for key, value in stats.items():
             self._metrics[f"surgery/{key}"].append(value)
