@@ -201,7 +201,7 @@ def print_utility(target, tokenizer, forget, retain, forget_records, retain_reco
     before_forget = evaluate_qa(target, tokenizer, forget_records)
     before_retain = evaluate_qa(target, tokenizer, retain_records)
     print(
-        f"\n3. GradDiff, {cli.epochs} epochs, lr 3e-4, embedded forget10 "
+        f"\n3. GradDiff, {cli.epochs} epochs, lr {cli.utility_lr:g}, embedded forget10 "
         f"(target model: forget ROUGE-L {before_forget['rouge_l_recall']:.3f}, "
         f"retain ROUGE-L {before_retain['rouge_l_recall']:.3f}, retain prob {before_retain['probability']:.3f})"
     )
