@@ -16,7 +16,20 @@ METHODS: dict[str, tuple[str, str]] = {
     "graddiff": ("ga", "nll"),
     "npo": ("npo", "none"),
     "npo_klr": ("npo", "kl"),
+    "simnpo": ("simnpo", "nll"),
+    "rmu": ("rmu", "rmu_retain"),
+    "idk_dpo": ("idk_dpo", "nll"),
+    "undial": ("undial", "nll"),
 }
+# Forget weights (gamma) where a method's paper uses something else than 1: MASC's lambda_forget (TOFU/Qwen
+# row of arXiv 2606.02920) and SimNPO's gamma (arXiv 2410.07163).
+DEFAULT_FORGET_WEIGHTS = {"masc": 0.1, "simnpo": 0.125}
+DEFAULT_REFUSALS = (
+    "I don't know.",
+    "I'm not sure about that.",
+    "I have no information about that.",
+    "That is something I cannot answer.",
+)
 STOP_PROBES = ("train", "holdout")
 
 
@@ -55,9 +68,12 @@ class UnlearnConfig(TrainingArguments):
         default=None,
         metadata={"help": "Override the method's retain objective: 'kl', 'nll' or 'none'."},
     )
-    forget_weight: float = field(
-        default=0.1,
-        metadata={"help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery)."},
+    forget_weight: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery). Default: "
+            "0.1 for masc, 0.125 for simnpo, 1 otherwise."
+        },
     )
     retain_weight: float = field(
         default=1.0,
@@ -125,6 +141,26 @@ class UnlearnConfig(TrainingArguments):
     hoeffding_delta: float = field(
         default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
     )
+    npo_beta: float = field(default=0.1, metadata={"help": "NPO / NPO+KLR inverse temperature beta."})
+    simnpo_beta: float = field(default=4.5, metadata={"help": "SimNPO inverse temperature beta."})
+    simnpo_delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin delta."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "IdkDPO (DPO) inverse temperature beta."})
+    undial_beta: float = field(default=10.0, metadata={"help": "UNDIAL: how far the target token's logit is lowered."})
+    rmu_layer: int | None = field(
+        default=None,
+        metadata={"help": "RMU: decoder layer whose output is steered (default: 7, or the last layer if fewer)."},
+    )
+    rmu_trainable_layers: list[int] | None = field(
+        default=None,
+        metadata={"help": "RMU: layers whose MLP weights train (default: rmu_layer and the two before it)."},
+    )
+    rmu_steering_coefficient: float = field(
+        default=6.5, metadata={"help": "RMU: norm c of the random target direction c * u."}
+    )
+    refusal_answers: list[str] | None = field(
+        default=None,
+        metadata={"help": "IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms)."},
+    )
     gradient_surgery: str = field(
         default="sum",
         metadata={
@@ -176,6 +212,10 @@ class UnlearnConfig(TrainingArguments):
             self.holdout_fraction = 0.1 if self.stop_probe == "holdout" else 0.0
         if self.stop_probe == "holdout" and self.holdout_fraction == 0:
             raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
+        if self.forget_weight is None:
+            self.forget_weight = DEFAULT_FORGET_WEIGHTS.get(self.objectives[0], 1.0)
+        if self.refusal_answers is None:
+            self.refusal_answers = list(DEFAULT_REFUSALS)
         if self.stop_on_violation is None:
             self.stop_on_violation = self.method == "masc"
         if self.stop_on_violation and self.probe_interval == 0:

@@ -131,8 +131,9 @@ class ForgetRetainCollator:
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, torch.Tensor]]:
         batch = {"forget": self._collate([e["forget"] for e in examples])}
-        if examples[0].get("retain") is not None:
-            batch["retain"] = self._collate([e["retain"] for e in examples])
+        for side in ("retain", "refusal"):
+            if examples[0].get(side) is not None:
+                batch[side] = self._collate([e[side] for e in examples])
         return batch
 
 
@@ -153,9 +154,16 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
     forget set over the epochs.
     """
 
-    def __init__(self, forget: Sequence[Mapping[str, Any]], retain: Sequence[Mapping[str, Any]] | None, seed: int = 0):
+    def __init__(
+        self,
+        forget: Sequence[Mapping[str, Any]],
+        retain: Sequence[Mapping[str, Any]] | None,
+        seed: int = 0,
+        refusal: Sequence[Mapping[str, Any]] | None = None,
+    ):
         self.forget = forget
         self.retain = retain
+        self.refusal = refusal
         if retain is not None and len(retain) > 0:
             generator = torch.Generator().manual_seed(seed)
             self._retain_order = torch.randperm(len(retain), generator=generator).tolist()
@@ -171,6 +179,8 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item: dict[str, Any] = {"forget": model_inputs(self.forget[index]), "retain": None}
+        if self.refusal is not None:
+            item["refusal"] = model_inputs(self.refusal[index])
         if self._retain_order:
             item["retain"] = model_inputs(
                 self.retain[self._retain_order[(index + self.epoch * len(self.forget)) % len(self._retain_order)]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -80,6 +81,45 @@ def _check_examples(dataset: Sequence[Mapping[str, Any]], name: str) -> None:
         raise ValueError(
             f"{len(empty)} {name} example(s) have no answer tokens (all labels -100), e.g. indices {empty[:5]}. "
             "Drop them or fix the prompt masking."
+        )
+
+
+def refusal_example(tokenizer: Any, example: Mapping[str, Any], refusal: str) -> dict[str, list[int]]:
+    """The forget example's prompt followed by a refusal instead of its answer (IdkDPO's chosen answer)."""
+    labels = list(example["labels"])
+    answer_start = next(i for i, label in enumerate(labels) if label != IGNORE_INDEX)
+    prompt = list(example["input_ids"][:answer_start])
+    answer = list(tokenizer(" " + refusal, add_special_tokens=False)["input_ids"])
+    if tokenizer.eos_token_id is not None:
+        answer.append(tokenizer.eos_token_id)
+    return {
+        "input_ids": prompt + answer,
+        "attention_mask": [1] * (len(prompt) + len(answer)),
+        "labels": [IGNORE_INDEX] * len(prompt) + answer,
+    }
+
+
+def _select_rmu_parameters(model: nn.Module, args: UnlearnConfig) -> None:
+    """RMU trains only the MLP weights of a few layers (arXiv 2403.03218, §5); freeze everything else."""
+    if _is_peft_model(model):
+        raise ValueError("RMU chooses which MLP weights train itself; pass the base model without a PEFT wrapper.")
+    num_layers = model.config.get_text_config().num_hidden_layers
+    if args.rmu_layer is None:
+        # The last entry of hidden_states is after the final norm in most models, so stay one layer below it.
+        args.rmu_layer = max(min(7, num_layers - 2), 0)
+    if not 0 <= args.rmu_layer < num_layers:
+        raise ValueError(f"rmu_layer={args.rmu_layer} but the model has {num_layers} layers (0..{num_layers - 1}).")
+    if args.rmu_trainable_layers is None:
+        args.rmu_trainable_layers = [i for i in (args.rmu_layer - 2, args.rmu_layer - 1, args.rmu_layer) if i >= 0]
+    pattern = re.compile(r"\.(?:layers|h|blocks)\.(" + "|".join(map(str, args.rmu_trainable_layers)) + r")\.mlp\.")
+    selected = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_(bool(pattern.search(name)))
+        selected += int(param.requires_grad)
+    if selected == 0:
+        raise ValueError(
+            f"RMU found no MLP weights of layers {args.rmu_trainable_layers} in {type(model).__name__} "
+            "(looked for '.layers.N.mlp.' / '.h.N.mlp.'); set rmu_trainable_layers."
         )
 
 
@@ -176,6 +216,8 @@ class UnlearnTrainer(Trainer):
             )
         if processing_class is not None:
             ensure_pad_token(processing_class)
+        if forget_name == "rmu":
+            _select_rmu_parameters(model, args)
         if peft_config is not None:
             if _is_peft_model(model):
                 raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
@@ -205,8 +247,21 @@ class UnlearnTrainer(Trainer):
             self._sample(retain_dataset, args.probe_size, args.seed + 1) if retain_dataset is not None else []
         )
         self.retain_dataset = retain_dataset
+        refusals = None
+        if self.forget_objective.needs_refusal:
+            if processing_class is None:
+                raise ValueError(
+                    f"{forget_name!r} writes refusal answers and needs the tokenizer: pass processing_class=tokenizer."
+                )
+            refusals = [
+                refusal_example(processing_class, example, args.refusal_answers[i % len(args.refusal_answers)])
+                for i, example in enumerate(forget_train)
+            ]
         paired = ForgetRetainDataset(
-            forget_train, retain_dataset if self.retain_objective is not None else None, seed=args.seed
+            forget_train,
+            retain_dataset if self.retain_objective is not None else None,
+            seed=args.seed,
+            refusal=refusals,
         )
         pad_id = (
             0 if processing_class is None or processing_class.pad_token_id is None else processing_class.pad_token_id
@@ -274,26 +329,48 @@ class UnlearnTrainer(Trainer):
             unwrapped.train(was_training)
 
     def reference_logits(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logits of the frozen start model on ``batch`` (no gradient)."""
+        return self._reference_outputs(model, batch, hidden_states=False).logits
+
+    def _reference_outputs(self, model: nn.Module, batch: Mapping[str, torch.Tensor], hidden_states: bool) -> Any:
         with torch.no_grad(), self._reference_mode(model) as reference:
-            return reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            return reference(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                output_hidden_states=hidden_states,
+            )
+
+    def _loss_inputs(self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective) -> LossInputs:
+        """Run the forwards an objective declared it needs: the model's, and the reference model's if asked."""
+        hidden = objective.needs_hidden_states
+        reference = self._reference_outputs(model, batch, hidden) if objective.needs_reference(self.args) else None
+        outputs = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden
+        )
+        return LossInputs(
+            logits=outputs.logits,
+            labels=batch["labels"],
+            config=self.args,
+            reference_logits=None if reference is None else reference.logits,
+            attention_mask=batch["attention_mask"],
+            hidden_states=outputs.hidden_states if hidden else None,
+            reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
+        )
 
     def _objective_loss(
-        self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective
+        self, model: nn.Module, inputs: Mapping[str, Any], part: str, objective: Objective
     ) -> torch.Tensor:
-        reference = self.reference_logits(model, batch) if objective.needs_reference(self.args) else None
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return objective.fn(
-            LossInputs(logits=logits, labels=batch["labels"], config=self.args, reference_logits=reference)
-        )
+        loss_inputs = self._loss_inputs(model, inputs[part], objective)
+        if objective.needs_refusal:
+            loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective)
+        return objective.fn(loss_inputs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Weighted sum of the forget and retain objectives (used by evaluation; training backpropagates each)."""
-        forget = self._objective_loss(model, inputs["forget"], self.forget_objective)
-        loss = self.args.forget_weight * forget
+        loss = self.args.forget_weight * self._objective_loss(model, inputs, "forget", self.forget_objective)
         if self.retain_objective is not None and "retain" in inputs:
-            loss = loss + self.args.retain_weight * self._objective_loss(
-                model, inputs["retain"], self.retain_objective
-            )
+            retain = self._objective_loss(model, inputs, "retain", self.retain_objective)
+            loss = loss + self.args.retain_weight * retain
         return (loss, None) if return_outputs else loss
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
@@ -317,7 +394,7 @@ class UnlearnTrainer(Trainer):
             parts.append(("retain", self.retain_objective, self.args.retain_weight))
         for name, objective, weight in parts:
             with self.compute_loss_context_manager():
-                loss = self._objective_loss(model, inputs[name], objective)
+                loss = self._objective_loss(model, inputs, name, objective)
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"The {name} loss ({objective.name}) is {loss.item()} at step {self.state.global_step + 1}; "

@@ -1,0 +1,246 @@
+"""Each objective against a hand computation on a 2-token answer, and each baseline's defining behaviour."""
+
+import math
+import types
+
+import pytest
+import torch
+from conftest import make_example, make_tiny_model
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn.benchmarks import build_tokenizer, tiny_model
+from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, rmu_direction
+
+# One sequence: a prompt token, then a 2-token answer (labels 1 then 2). Position t predicts token t + 1.
+LOGITS = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.0, 1.5, -0.5], [0.0, 0.0, 0.0, 0.0]]])
+REFERENCE = torch.tensor([[[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
+LABELS = torch.tensor([[-100, 1, 2]])
+CONFIG = types.SimpleNamespace(
+    npo_beta=0.1,
+    simnpo_beta=4.5,
+    simnpo_delta=0.0,
+    dpo_beta=0.1,
+    undial_beta=10.0,
+    masc_k=2,
+    masc_beta=1.0,
+    masc_tau=0.0,
+    masc_eta=0.5,
+    competitor_source="self",
+    competitor_delta=None,
+    rmu_layer=0,
+    rmu_steering_coefficient=2.0,
+    seed=0,
+)
+
+
+def log_softmax(row):
+    z = math.log(sum(math.exp(v) for v in row))
+    return [v - z for v in row]
+
+
+def token_log_probs(logits):
+    return [log_softmax(logits[0][0].tolist())[1], log_softmax(logits[0][1].tolist())[2]]
+
+
+LOGP = token_log_probs(LOGITS)
+LOGP_REF = token_log_probs(REFERENCE)
+
+
+def run(registry, name, **extra):
+    inputs = LossInputs(logits=LOGITS, labels=LABELS, config=CONFIG, reference_logits=REFERENCE, **extra)
+    return registry[name].fn(inputs).item()
+
+
+def test_ga_and_nll():
+    nll = -(LOGP[0] + LOGP[1]) / 2
+    assert run(FORGET_OBJECTIVES, "ga") == pytest.approx(-nll, rel=1e-6)
+    assert run(RETAIN_OBJECTIVES, "nll") == pytest.approx(nll, rel=1e-6)
+
+
+def test_npo():
+    ratio = sum(LOGP) - sum(LOGP_REF)
+    expected = -(2 / 0.1) * math.log(1 / (1 + math.exp(0.1 * ratio)))
+    assert run(FORGET_OBJECTIVES, "npo") == pytest.approx(expected, rel=1e-6)
+
+
+def test_simnpo():
+    mean_nll = -sum(LOGP) / 2
+    expected = -(2 / 4.5) * math.log(1 / (1 + math.exp(-4.5 * mean_nll)))
+    assert run(FORGET_OBJECTIVES, "simnpo") == pytest.approx(expected, rel=1e-6)
+    assert not FORGET_OBJECTIVES["simnpo"].needs_reference(CONFIG)
+
+
+def test_kl_retain():
+    expected = 0.0
+    for position in (0, 1):
+        p = [math.exp(v) for v in log_softmax(REFERENCE[0][position].tolist())]
+        q = log_softmax(LOGITS[0][position].tolist())
+        expected += sum(pi * (math.log(pi) - qi) for pi, qi in zip(p, q))
+    assert run(RETAIN_OBJECTIVES, "kl") == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_undial():
+    expected = 0.0
+    for position, target in ((0, 1), (1, 2)):
+        adjusted = REFERENCE[0][position].tolist()
+        adjusted[target] -= 10.0
+        p = [math.exp(v) for v in log_softmax(adjusted)]
+        q = log_softmax(LOGITS[0][position].tolist())
+        expected += -sum(pi * qi for pi, qi in zip(p, q))
+    assert run(FORGET_OBJECTIVES, "undial") == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_masc_hinge():
+    # k = 2 competitors from the current model; tau = 0, eta = 0.5: loss = mean relu(m + 0.5) / 0.5.
+    expected = 0.0
+    for position, target in ((0, 1), (1, 2)):
+        row = LOGITS[0][position].tolist()
+        others = sorted((v for i, v in enumerate(row) if i != target), reverse=True)[:2]
+        margin = row[target] - math.log(sum(math.exp(v) for v in others))
+        expected += max(margin + 0.5, 0.0) / 0.5
+    assert run(FORGET_OBJECTIVES, "masc") == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_idk_dpo():
+    refusal_logits = torch.tensor([[[0.0, 0.0, 3.0, 0.0], [1.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
+    refusal_labels = torch.tensor([[-100, 2, 1]])
+    refusal = LossInputs(logits=refusal_logits, labels=refusal_labels, config=CONFIG, reference_logits=REFERENCE)
+    chosen = (
+        log_softmax(refusal_logits[0][0].tolist())[2]
+        + log_softmax(refusal_logits[0][1].tolist())[1]
+        - log_softmax(REFERENCE[0][0].tolist())[2]
+        - log_softmax(REFERENCE[0][1].tolist())[1]
+    )
+    rejected = sum(LOGP) - sum(LOGP_REF)
+    expected = -math.log(1 / (1 + math.exp(-0.1 * (chosen - rejected))))
+    assert run(FORGET_OBJECTIVES, "idk_dpo", refusal=refusal) == pytest.approx(expected, rel=1e-6)
+
+
+def test_rmu_terms():
+    hidden = (torch.zeros(1, 3, 4), torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [9.0, 9.0, 9.0, 9.0]]]))
+    mask = torch.tensor([[1, 1, 0]])  # the third token is padding
+    target = 2.0 * rmu_direction(4, 0, torch.device("cpu"))
+    expected = sum(((hidden[1][0][t] - target) ** 2).mean().item() for t in range(2)) / 2
+    value = run(FORGET_OBJECTIVES, "rmu", hidden_states=hidden, attention_mask=mask)
+    assert value == pytest.approx(expected, rel=1e-6)
+    reference = (hidden[0], torch.zeros(1, 3, 4))
+    retain = run(
+        RETAIN_OBJECTIVES, "rmu_retain", hidden_states=hidden, reference_hidden_states=reference, attention_mask=mask
+    )
+    assert retain == pytest.approx((0.25 + 1.0) / 2, rel=1e-6)
+
+
+def test_npo_gradient_points_like_ga_at_the_start():
+    """At theta = theta_ref NPO's gradient is the gradient of log pi(y|x): GA's direction (cosine 1)."""
+    model = make_tiny_model()
+    examples = [make_example(i) for i in range(4)]  # equal answer lengths: the scales differ by a constant
+    from hf_unlearn.data import pad_examples
+
+    batch = pad_examples(examples, 0)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def gradient(name):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        inputs = LossInputs(logits=logits, labels=batch["labels"], config=CONFIG, reference_logits=logits.detach())
+        grads = torch.autograd.grad(FORGET_OBJECTIVES[name].fn(inputs), params)
+        return torch.cat([g.reshape(-1) for g in grads])
+
+    npo, ga = gradient("npo"), gradient("ga")
+    assert torch.nn.functional.cosine_similarity(npo, ga, dim=0).item() == pytest.approx(1.0, abs=1e-5)
+    assert (npo.norm() / ga.norm()).item() == pytest.approx(6.0, rel=1e-4)  # 6 answer tokens per sequence
+
+
+FORGET = [make_example(i) for i in range(8)]
+RETAIN = [make_example(1000 + i) for i in range(16)]
+
+
+def args(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path),
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        max_steps=10,
+        learning_rate=3e-3,
+        probe_interval=0,
+        stop_on_violation=False,
+    )
+    values.update(overrides)
+    return UnlearnConfig(**values)
+
+
+def test_simnpo_makes_no_reference_copy(tmp_path):
+    trainer = UnlearnTrainer(make_tiny_model(), args(tmp_path, method="simnpo"), FORGET, RETAIN)
+    assert trainer.ref_model is None and trainer.args.forget_weight == 0.125
+    trainer.train()
+
+
+def test_npo_stops_on_violation(tmp_path, memorized_llama):
+    trainer = UnlearnTrainer(
+        memorized_llama,
+        args(tmp_path, method="npo", stop_on_violation=True, probe_interval=2, stop_alpha=0.3, max_steps=60),
+        FORGET,
+        RETAIN,
+    )
+    trainer.train()
+    callback = trainer.stopping_callback
+    assert callback.stopped_early and trainer.state.global_step == callback.stop_step < 60
+    assert callback.last_violation_rate <= 0.3
+
+
+def test_idk_dpo_comes_to_prefer_the_refusal(tmp_path):
+    tokenizer = build_tokenizer()
+    from hf_unlearn.benchmarks import load_split
+    from hf_unlearn.data import build_qa_dataset
+    from hf_unlearn.trainer import refusal_example
+
+    forget = build_qa_dataset(load_split("forget05"), tokenizer)
+    retain = build_qa_dataset(load_split("retain95").select(range(20)), tokenizer)
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
+    trainer = UnlearnTrainer(
+        model, args(tmp_path, method="idk_dpo", max_steps=15), forget, retain, processing_class=tokenizer
+    )
+
+    def preference():
+        from hf_unlearn.data import pad_examples
+        from hf_unlearn.objectives import sequence_log_prob
+
+        chosen = pad_examples([refusal_example(tokenizer, e, "I don't know.") for e in forget], tokenizer.pad_token_id)
+        rejected = pad_examples([{k: e[k] for k in ("input_ids", "labels")} for e in forget], tokenizer.pad_token_id)
+        with torch.no_grad():
+            score = [
+                sequence_log_prob(
+                    trainer.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"]
+                )
+                .mean()
+                .item()
+                for b in (chosen, rejected)
+            ]
+        return score[0] - score[1]
+
+    before = preference()
+    trainer.train()
+    assert preference() > before + 1.0
+
+
+def test_rmu_changes_only_the_configured_mlp_weights(tmp_path):
+    model = make_tiny_model("llama")  # 2 layers: rmu_layer defaults to 0, trainable layers [0]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = UnlearnTrainer(model, args(tmp_path, method="rmu"), FORGET, RETAIN)
+    assert trainer.args.rmu_layer == 0 and trainer.args.rmu_trainable_layers == [0]
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed == {n for n in before if n.startswith("model.layers.0.mlp.")}
+
+
+def test_rmu_on_gpt2_names_and_bad_layer(tmp_path):
+    model = make_tiny_model("gpt2")
+    trainer = UnlearnTrainer(
+        model, args(tmp_path, method="rmu", rmu_trainable_layers=[1], rmu_layer=1), FORGET, RETAIN
+    )
+    assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == {
+        n for n, _ in model.named_parameters() if n.startswith("transformer.h.1.mlp.")
+    }
+    with pytest.raises(ValueError, match="rmu_layer=5 but the model has 2 layers"):
+        UnlearnTrainer(make_tiny_model("gpt2"), args(tmp_path, method="rmu", rmu_layer=5), FORGET, RETAIN)
