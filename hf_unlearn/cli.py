@@ -15,7 +15,7 @@ from transformers import HfArgumentParser
 
 from .config import UnlearnConfig
 
-COMMANDS = ("demo", "run")
+COMMANDS = ("demo", "run", "compare")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs): measured on the
@@ -103,6 +103,14 @@ def run_main(argv: list[str]) -> dict:
     return run_unlearning_job(run_args, config)
 
 
+def compare_main(argv: list[str]) -> dict:
+    """Every method on the embedded benchmark, side by side (see hf_unlearn.compare)."""
+    from .compare import CompareArguments, run_compare
+
+    (compare_args,) = _parse((CompareArguments,), argv)
+    return run_compare(compare_args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
@@ -115,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         top.print_help()
         return 0 if argv else 2
     command = top.parse_args(argv[:1]).command
-    {"demo": demo_main, "run": run_main}[command](argv[1:])
+    {"demo": demo_main, "run": run_main, "compare": compare_main}[command](argv[1:])
     return 0
 
 

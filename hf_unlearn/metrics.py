@@ -258,3 +258,39 @@ def evaluate_qa(
         "exact_match": mean(exact_match(predictions, answers)),
         "num_examples": len(records),
     }
+
+
+def truth_ratios(model: Any, tokenizer: Any, dataset_or_records: Any, batch_size: int = 32) -> list[float]:
+    """Per question TOFU truth ratio ``P~(perturbed) / P~(paraphrased)`` (Maini et al. 2024, §2.5).
+
+    ``P~(a) = exp(-mean token NLL of a)``; the perturbed answers are averaged in log space. Records need
+    ``question``, ``paraphrased_answer`` and ``perturbed_answer`` (a list of strings).
+    """
+    records = [r for r in dataset_or_records if r.get("paraphrased_answer") and r.get("perturbed_answer")]
+    questions, answers, owners = [], [], []
+    for index, record in enumerate(records):
+        for answer in [record["paraphrased_answer"], *record["perturbed_answer"]]:
+            questions.append(str(record["question"]))
+            answers.append(str(answer))
+            owners.append(index)
+    scored = answer_log_probs(model, tokenizer, questions, answers, batch_size)
+    paraphrased: dict[int, float] = {}
+    perturbed: dict[int, list[float]] = {}
+    cursor = 0
+    for index, record in enumerate(records):
+        total, count = scored[cursor]
+        paraphrased[index] = total / max(count, 1)
+        others = scored[cursor + 1 : cursor + 1 + len(record["perturbed_answer"])]
+        perturbed[index] = [s / max(c, 1) for s, c in others]
+        cursor += 1 + len(record["perturbed_answer"])
+    return [math.exp(sum(perturbed[i]) / len(perturbed[i]) - paraphrased[i]) for i in range(len(records))]
+
+
+def forget_truth_ratio(ratios: Sequence[float]) -> float:
+    """TOFU's forget-set aggregation ``mean(min(TR, 1/TR))``: 1 when paraphrase and perturbations look alike."""
+    return sum(min(r, 1.0 / r) for r in ratios) / len(ratios) if ratios else float("nan")
+
+
+def retain_truth_ratio(ratios: Sequence[float]) -> float:
+    """TOFU's retain-set aggregation ``mean(max(0, 1 - TR))``: high when the true paraphrase is preferred."""
+    return sum(max(0.0, 1.0 - r) for r in ratios) / len(ratios) if ratios else float("nan")

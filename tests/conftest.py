@@ -3,6 +3,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One cache of the embedded benchmark's target model for the whole test session, never the user's ~/.cache.
+if "HF_UNLEARN_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["HF_UNLEARN_CACHE"] = tempfile.mkdtemp(prefix="hf_unlearn_test_cache_")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -117,9 +117,8 @@ def test_tokenize_qa_masks_the_prompt():
 
 
 @pytest.mark.slow
-def test_demo_forgets_keeps_and_stops_itself(tmp_path, monkeypatch):
+def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     """README command one, end to end: learn the benchmark, unlearn forget10 with MASC, write the report."""
-    monkeypatch.setenv("HF_UNLEARN_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "demo"
     main(["demo", "--output_dir", str(out), "--disable_tqdm", "true"])
     report = json.loads((out / "report.json").read_text())

@@ -137,3 +137,24 @@ def test_evaluate_qa(tokenizer, records):
         len(tokenizer(r["answer"], add_special_tokens=False)["input_ids"]) for r in records
     )
     assert evaluate_qa(model, tokenizer, [])["num_examples"] == 0
+
+
+def test_truth_ratio_aggregations_on_known_values():
+    from hf_unlearn.metrics import forget_truth_ratio, retain_truth_ratio
+
+    ratios = [0.5, 2.0, 1.0]
+    assert forget_truth_ratio(ratios) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    assert retain_truth_ratio(ratios) == pytest.approx((0.5 + 0.0 + 0.0) / 3)
+
+
+def test_truth_ratio_matches_answer_log_probs(tokenizer, records):
+    from hf_unlearn.metrics import truth_ratios
+
+    model = tiny_model(tokenizer, "llama", seed=2, **SMALL)
+    record = records[0]
+    (para_sum, para_n), *perturbed = answer_log_probs(
+        model, tokenizer, [record["question"]] * 4, [record["paraphrased_answer"], *record["perturbed_answer"]]
+    )
+    perturbed_mean = sum(s / n for s, n in perturbed) / len(perturbed)
+    expected = math.exp(perturbed_mean - para_sum / para_n)
+    assert truth_ratios(model, tokenizer, [record])[0] == pytest.approx(expected, rel=1e-5)
