@@ -51,6 +51,11 @@ def build_report(trainer: Any, before: dict[str, dict], after: dict[str, dict], 
         "before": before,
         "after": after,
         "history": stopping.history,
+        "surgery_history": [
+            {"step": log["step"], **{k: v for k, v in log.items() if k.startswith("surgery/")}}
+            for log in trainer.state.log_history
+            if any(k.startswith("surgery/") for k in log)
+        ],
     }
     if extra:
         report.update(extra)
@@ -100,8 +105,11 @@ def report_markdown(report: dict) -> str:
     return "\n".join(summary)
 
 
-def plot_history(history: list[dict], path: str, alpha: float | None = None) -> str | None:
-    """Violation rate(s) and forget/retain answer probability over optimizer steps, one PNG."""
+def plot_history(
+    history: list[dict], path: str, alpha: float | None = None, surgery: list[dict] | None = None
+) -> str | None:
+    """Violation rate(s), forget/retain answer probability and, with gradient surgery, the cosines and conflict
+    fraction over optimizer steps, one PNG."""
     if not history:
         return None
     import matplotlib
@@ -110,7 +118,9 @@ def plot_history(history: list[dict], path: str, alpha: float | None = None) -> 
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
-    fig, (ax_rate, ax_prob) = plt.subplots(1, 2, figsize=(11, 4))
+    panels = 3 if surgery else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    ax_rate, ax_prob = axes[0], axes[1]
     for key, label in (("violation_rate_train", "train probe"), ("violation_rate_holdout", "held-out probe")):
         if key in history[0]:
             ax_rate.plot(steps, [h[key] for h in history], marker="o", label=label)
@@ -133,6 +143,19 @@ def plot_history(history: list[dict], path: str, alpha: float | None = None) -> 
     ax_prob.set_ylim(-0.02, 1.02)
     ax_prob.set_title("Forget vs retain answer probability")
     ax_prob.legend()
+    if surgery:
+        ax_surgery = axes[2]
+        surgery_steps = [h["step"] for h in surgery]
+        for key, label in (
+            ("surgery/cos_update_retain", "cos(update, g_retain)"),
+            ("surgery/cos_forget_retain", "cos(g_forget, g_retain)"),
+            ("surgery/conflict_fraction", "conflict fraction"),
+        ):
+            ax_surgery.plot(surgery_steps, [h.get(key) for h in surgery], marker=".", label=label)
+        ax_surgery.axhline(0, color="grey", linewidth=0.8)
+        ax_surgery.set_xlabel("optimizer step")
+        ax_surgery.set_title("Gradient surgery")
+        ax_surgery.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -147,7 +170,12 @@ def write_report(report: dict, output_dir: str) -> dict[str, str]:
         json.dump(report, f, indent=2)
     with open(paths["markdown"], "w") as f:
         f.write(report_markdown(report))
-    plot = plot_history(report.get("history", []), os.path.join(output_dir, "training_curves.png"), report["alpha"])
+    plot = plot_history(
+        report.get("history", []),
+        os.path.join(output_dir, "training_curves.png"),
+        report["alpha"],
+        report.get("surgery_history"),
+    )
     if plot:
         paths["plot"] = plot
     return paths

@@ -209,3 +209,27 @@ def test_reference_copy_does_not_follow_the_trained_weights(tmp_path):
         for p in trainer.model.parameters():
             p.mul_(0.5)
     torch.testing.assert_close(trainer.reference_logits(trainer.model, batch), start)
+
+
+def test_surgery_with_lora_bf16_and_clipping_changes_only_adapters(tmp_path, memorized_llama):
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = config(
+        tmp_path,
+        gradient_surgery="sago_prefer_retain",
+        retain_loss="nll",
+        bf16=True,
+        max_grad_norm=0.5,
+        learning_rate=1e-2,
+        logging_steps=2,
+        max_steps=6,
+    )
+    trainer = UnlearnTrainer(
+        model=memorized_llama, args=args, train_dataset=FORGET, retain_dataset=RETAIN, peft_config=lora
+    )
+    before = snapshot(trainer.model)
+    trainer.train()
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)
+    logged = [log for log in trainer.state.log_history if "surgery/cos_update_retain" in log]
+    assert logged and all(log["surgery/cos_update_retain"] >= -1e-6 for log in logged)
+    assert all(log["grad_norm"] >= 0 for log in trainer.state.log_history if "grad_norm" in log)
