@@ -15,7 +15,7 @@ from transformers import HfArgumentParser
 
 from .config import UnlearnConfig
 
-COMMANDS = ("demo", "run", "compare")
+COMMANDS = ("demo", "run", "compare", "quant-check")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs): measured on the
@@ -103,6 +103,43 @@ def run_main(argv: list[str]) -> dict:
     return run_unlearning_job(run_args, config)
 
 
+@dataclass
+class QuantCheckArguments:
+    """Options of `hf-unlearn quant-check`."""
+
+    model: str = field(metadata={"help": "The unlearned model: a local folder (or Hub id) with its tokenizer."})
+    benchmark: str = field(default="embedded", metadata={"help": "'embedded', or a dataset path/Hub id."})
+    split: str = field(default="forget10", metadata={"help": "Forget split (embedded) or subset (dataset)."})
+    retain_split: str | None = field(default=None, metadata={"help": "Retain split/subset (default: the matching)."})
+    modes: list[str] = field(default_factory=lambda: ["nf4", "fp4", "int8"], metadata={"help": "Quantizations."})
+    output_dir: str = field(default=".", metadata={"help": "Where quant_check.json goes."})
+
+
+def quant_check_main(argv: list[str]) -> dict:
+    """Reload a model in 4-bit and 8-bit and measure whether forgotten knowledge came back."""
+    import json
+
+    from .demo import load_model_and_tokenizer, load_records
+    from .quantize import check_quantization_robustness, quantization_table
+
+    (cli,) = _parse((QuantCheckArguments,), argv)
+    _, tokenizer = load_model_and_tokenizer(cli.model)
+    if cli.benchmark == "embedded":
+        from .benchmarks.fictitious_authors import load_split
+
+        forget = load_split(cli.split)
+        retain = load_split(cli.retain_split or f"retain{100 - int(cli.split.removeprefix('forget')):02d}")
+    else:
+        forget = load_records(cli.benchmark, cli.split)
+        retain = load_records(cli.benchmark, cli.retain_split) if cli.retain_split else None
+    result = check_quantization_robustness(cli.model, tokenizer, forget, retain, modes=tuple(cli.modes))
+    os.makedirs(cli.output_dir, exist_ok=True)
+    with open(os.path.join(cli.output_dir, "quant_check.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    print(quantization_table(result))
+    return result
+
+
 def compare_main(argv: list[str]) -> dict:
     """Every method on the embedded benchmark, side by side (see hf_unlearn.compare)."""
     from .compare import CompareArguments, run_compare
@@ -123,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         top.print_help()
         return 0 if argv else 2
     command = top.parse_args(argv[:1]).command
-    {"demo": demo_main, "run": run_main, "compare": compare_main}[command](argv[1:])
+    commands = {"demo": demo_main, "run": run_main, "compare": compare_main, "quant-check": quant_check_main}
+    commands[command](argv[1:])
     return 0
 
 

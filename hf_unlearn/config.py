@@ -161,6 +161,13 @@ class UnlearnConfig(TrainingArguments):
         default=None,
         metadata={"help": "IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms)."},
     )
+    quantization_check: bool = field(
+        default=False,
+        metadata={
+            "help": "After training, reload the model in NF4, FP4 and 8-bit (bitsandbytes), measure the forget and "
+            "retain metrics again and put the change in the report (hf-unlearn jobs)."
+        },
+    )
     gradient_surgery: str = field(
         default="sum",
         metadata={

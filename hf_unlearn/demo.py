@@ -115,7 +115,16 @@ def unlearn_and_report(
         }
         stages.update()
     stages.close()
+    trainer.evaluation.update(before=before, after=after, **(extra or {}).get("datasets", {}))
     report = build_report(trainer, before, after, extra=extra)
+    if config.quantization_check and trainer.is_world_process_zero():
+        from .quantize import check_quantization_robustness, quantization_table
+
+        report["quantization"] = check_quantization_robustness(
+            trainer.model, tokenizer, eval_sets["forget"], eval_sets["retain"], full_precision=after or None
+        )
+        trainer.evaluation["quantization"] = report["quantization"]
+        print("\nQuantization check:\n" + quantization_table(report["quantization"]))
     if trainer.is_world_process_zero():
         paths = write_report(report, config.output_dir)
         if evaluate:
@@ -145,7 +154,15 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
         config,
         forget,
         retain,
-        extra={"benchmark": "fictitious_authors", "split": demo_args.split, "target_model": learn_info},
+        extra={
+            "benchmark": "fictitious_authors",
+            "split": demo_args.split,
+            "target_model": learn_info,
+            "datasets": {
+                "forget_dataset": f"hf_unlearn fictitious authors {demo_args.split}",
+                "retain_dataset": f"hf_unlearn fictitious authors retain{100 - int(demo_args.split[-2:]):02d}",
+            },
+        },
     )
     report["demo_seconds"] = time.perf_counter() - start
     if report["trainer"].is_world_process_zero():
@@ -180,7 +197,16 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> dict:
         answer_column=run_args.answer_column,
         evaluate=run_args.evaluate,
         max_length=run_args.max_length,
-        extra={"model": run_args.model_name_or_path, "dataset": run_args.dataset_name},
+        extra={
+            "model": run_args.model_name_or_path,
+            "dataset": run_args.dataset_name,
+            "datasets": {
+                "forget_dataset": " / ".join(filter(None, [run_args.dataset_name, run_args.forget_subset])),
+                "retain_dataset": " / ".join(
+                    filter(None, [run_args.retain_dataset_name or run_args.dataset_name, run_args.retain_subset])
+                ),
+            },
+        },
     )
     report["trainer"].save_model(config.output_dir)
     return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import re
 import time
 from collections import defaultdict
@@ -303,6 +304,8 @@ class UnlearnTrainer(Trainer):
         if args.probe_interval > 0:
             self.add_callback(self.stopping_callback)
         self.train_wall_seconds: float | None = None
+        # Measurements made outside training (before/after metrics, quantization check) for the model card.
+        self.evaluation: dict[str, Any] = {}
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names + [args.method])
 
@@ -539,6 +542,58 @@ class UnlearnTrainer(Trainer):
         }
 
     # --- Trainer hooks ----------------------------------------------------------------------------------
+
+    # --- model card and Hub ----------------------------------------------------------------------------
+
+    def unlearning_record(self) -> dict[str, Any]:
+        """What the model card records: method, objectives, hyperparameters, stop, bound, and any measurements
+        stored in ``self.evaluation`` (``before`` / ``after`` / ``quantization``, filled by the hf-unlearn jobs)."""
+        from .report import build_report
+
+        record = build_report(self, self.evaluation.get("before", {}), self.evaluation.get("after", {}))
+        record.pop("history", None)
+        record.pop("surgery_history", None)
+        model = self.accelerator.unwrap_model(self.model)
+        base = model.get_base_model() if _is_peft_model(model) else model
+        name = getattr(base.config, "_name_or_path", None) or None
+        record.update(
+            base_model=name if name and not os.path.isdir(name) else None,
+            model_name=self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir)),
+            forget_dataset=self.evaluation.get("forget_dataset"),
+            retain_dataset=self.evaluation.get("retain_dataset"),
+            quantization=self.evaluation.get("quantization"),
+            tags=list(getattr(self.model, "model_tags", None) or []),
+        )
+        return record
+
+    def create_model_card(self, model_name: str | None = None, tags: Any = None, **kwargs: Any) -> None:
+        """Write README.md (the unlearning model card) into ``output_dir``; replaces Trainer's generic draft."""
+        if not self.is_world_process_zero():
+            return
+        from .model_card import write_model_card
+
+        record = self.unlearning_record()
+        if model_name:
+            record["model_name"] = model_name
+        if tags:
+            record["tags"] = sorted(set(record["tags"]) | set([tags] if isinstance(tags, str) else tags))
+        write_model_card(record, self.args.output_dir, repo_id=self.args.hub_model_id)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save as Trainer does, plus the model card, so every checkpoint and final save says what was done."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            from .model_card import write_model_card
+
+            write_model_card(self.unlearning_record(), output_dir or self.args.output_dir, self.args.hub_model_id)
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+        """Push as Trainer does, but first make sure the Hub is reachable, so that without a network nothing is
+        written or changed on disk before the failure."""
+        from .hub import ensure_hub_reachable
+
+        ensure_hub_reachable(self.args.output_dir)
+        return super().push_to_hub(*args, **kwargs)
 
     def _load_callback_state(self) -> None:
         super()._load_callback_state()

@@ -1,0 +1,138 @@
+"""Model card, offline push, and the 4-bit / 8-bit robustness check on real bitsandbytes layers."""
+
+import hashlib
+import json
+import os
+
+import pytest
+import torch
+from conftest import make_example, make_tiny_model
+from peft import LoraConfig
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.cli import main
+from hf_unlearn.quantize import check_quantization_robustness, quantization_table
+
+FORGET = [make_example(i) for i in range(8)]
+RETAIN = [make_example(1000 + i) for i in range(16)]
+
+
+def trainer_for(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        probe_interval=2,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        learning_rate=3e-3,
+        gradient_surgery="sago",
+    )
+    values.update(overrides)
+    return UnlearnTrainer(make_tiny_model(), UnlearnConfig(**values), FORGET, RETAIN)
+
+
+def folder_digest(path):
+    digest = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                digest[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+    return digest
+
+
+def test_model_card_records_the_unlearning(tmp_path):
+    trainer = trainer_for(tmp_path)
+    trainer.train()
+    trainer.evaluation.update(
+        before={"forget": {"rouge_l_recall": 1.0, "probability": 0.9, "exact_match": 1.0}},
+        after={"forget": {"rouge_l_recall": 0.2, "probability": 0.1, "exact_match": 0.0}},
+        forget_dataset="locuslab/TOFU / forget10",
+        retain_dataset="locuslab/TOFU / retain90",
+    )
+    trainer.save_model()
+    card = (tmp_path / "out" / "README.md").read_text()
+    for expected in (
+        "- unlearning",
+        "- hf_unlearn",
+        "- masc",
+        "Fast Unlearning at Scale via Margin Self-Correction",
+        "`sago`",
+        "Asymmetric Two-Task",
+        "forget `masc`, retain `kl`",
+        "locuslab/TOFU / forget10",
+        "Exact-reproduction bound",
+        "| forget | rouge_l_recall | 1 | 0.2 |",
+        "`masc_k` | 10",
+        "Last violation rate",
+    ):
+        assert expected in card, expected
+    assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_checkpoints_carry_the_card(tmp_path):
+    trainer = trainer_for(tmp_path, save_strategy="steps", save_steps=2)
+    trainer.train()
+    assert "Unlearning record" in (tmp_path / "out" / "checkpoint-2" / "README.md").read_text()
+
+
+def test_push_without_network_fails_clearly_and_changes_nothing(tmp_path, monkeypatch):
+    trainer = trainer_for(tmp_path)
+    trainer.train()
+    trainer.save_model()
+    before = folder_digest(tmp_path / "out")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConnectionError, match="offline mode is on.*Nothing was written or uploaded"):
+        trainer.push_to_hub()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # loopback port with nothing listening
+    with pytest.raises(ConnectionError, match="127.0.0.1:9 is not reachable"):
+        trainer.push_to_hub()
+    assert folder_digest(tmp_path / "out") == before
+
+
+@pytest.fixture(scope="module")
+def saved_tiny_model(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quant")
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2)
+    model.save_pretrained(root)
+    tokenizer.save_pretrained(root)
+    return root, model, tokenizer
+
+
+def test_quantization_check_uses_real_bitsandbytes_layers(saved_tiny_model):
+    root, model, tokenizer = saved_tiny_model
+    forget, retain = load_split("forget01"), load_split("retain99").select(range(5))
+    result = check_quantization_robustness(model, tokenizer, forget, retain)
+    assert set(result) == {"full_precision", "nf4", "fp4", "int8"}
+    for mode in ("nf4", "fp4", "int8"):
+        assert result[mode]["quantized_layers"] == 2 * 7  # q, k, v, o, gate, up, down per layer
+        for side in ("forget", "retain"):
+            for value in result[mode][side].values():
+                assert value == value and abs(value) != float("inf")  # finite, not NaN
+        assert isinstance(result[mode]["knowledge_returned"], bool)
+    assert "| forget | rouge_l_recall |" in quantization_table(result)
+
+
+def test_quantization_check_merges_lora_first(saved_tiny_model):
+    _, model, tokenizer = saved_tiny_model
+    from peft import get_peft_model
+
+    peft_model = get_peft_model(
+        tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2),
+        LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"),
+    )
+    result = check_quantization_robustness(peft_model, tokenizer, load_split("forget01"), modes=("nf4",))
+    assert result["nf4"]["quantized_layers"] == 14
+    assert any(isinstance(p, torch.Tensor) for p in peft_model.parameters())  # the caller's model is untouched
+
+
+def test_quant_check_command(tmp_path, saved_tiny_model):
+    root, _, _ = saved_tiny_model
+    main(["quant-check", "--model", str(root), "--split", "forget01", "--modes", "nf4", "--output_dir", str(tmp_path)])
+    result = json.loads((tmp_path / "quant_check.json").read_text())
+    assert result["nf4"]["quantized_layers"] == 14
