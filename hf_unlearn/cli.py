@@ -15,7 +15,7 @@ from transformers import HfArgumentParser
 
 from .config import UnlearnConfig
 
-COMMANDS = ("demo", "run", "compare", "quant-check")
+COMMANDS = ("demo", "run", "compare", "quant-check", "push")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs): measured on the
@@ -140,6 +140,26 @@ def quant_check_main(argv: list[str]) -> dict:
     return result
 
 
+@dataclass
+class PushArguments:
+    """Options of `hf-unlearn push`."""
+
+    model_dir: str = field(metadata={"help": "Output folder of an unlearning run (model or adapter + README.md)."})
+    repo_id: str = field(metadata={"help": "Hub repository to push to, e.g. you/model-unlearned."})
+    merge_adapter: bool = field(default=False, metadata={"help": "Merge a LoRA adapter into its base before pushing."})
+    private: bool | None = field(default=None, metadata={"help": "Create the repository as private."})
+
+
+def push_main(argv: list[str]) -> str:
+    """Push an unlearned model and its model card to the Hub."""
+    from .hub import push_folder
+
+    (cli,) = _parse((PushArguments,), argv)
+    url = push_folder(cli.model_dir, cli.repo_id, cli.merge_adapter, cli.private)
+    print(f"Pushed to {url}")
+    return url
+
+
 def compare_main(argv: list[str]) -> dict:
     """Every method on the embedded benchmark, side by side (see hf_unlearn.compare)."""
     from .compare import CompareArguments, run_compare
@@ -160,7 +180,13 @@ def main(argv: list[str] | None = None) -> int:
         top.print_help()
         return 0 if argv else 2
     command = top.parse_args(argv[:1]).command
-    commands = {"demo": demo_main, "run": run_main, "compare": compare_main, "quant-check": quant_check_main}
+    commands = {
+        "demo": demo_main,
+        "run": run_main,
+        "compare": compare_main,
+        "quant-check": quant_check_main,
+        "push": push_main,
+    }
     commands[command](argv[1:])
     return 0
 

@@ -30,3 +30,42 @@ def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) ->
             f"Cannot push to the Hugging Face Hub: {endpoint} is not reachable ({type(error).__name__}: {error})."
             f" Check the network connection and proxy settings.{kept}"
         ) from error
+
+
+def push_folder(model_dir: str, repo_id: str, merge_adapter: bool = False, private: bool | None = None) -> str:
+    """Push a saved unlearned model (with its README.md model card) to ``repo_id``; returns the repo URL.
+
+    A LoRA output is pushed as the adapter, or with ``merge_adapter`` merged into its base model first (the card
+    is kept either way). Fails before anything is written when the Hub is unreachable.
+    """
+    from huggingface_hub import HfApi
+
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"{model_dir!r} is not a folder; pass the output_dir of an unlearning run.")
+    ensure_hub_reachable(model_dir)
+    api = HfApi()
+    url = api.create_repo(repo_id, private=private, exist_ok=True)
+    is_adapter = os.path.exists(os.path.join(model_dir, "adapter_config.json"))
+    if merge_adapter and is_adapter:
+        import tempfile
+
+        from peft import AutoPeftModelForCausalLM
+        from transformers import AutoTokenizer
+
+        merged = AutoPeftModelForCausalLM.from_pretrained(model_dir).merge_and_unload()
+        with tempfile.TemporaryDirectory() as staging:
+            merged.save_pretrained(staging)
+            AutoTokenizer.from_pretrained(model_dir).save_pretrained(staging)
+            card = os.path.join(model_dir, "README.md")
+            if os.path.exists(card):
+                with open(card) as source, open(os.path.join(staging, "README.md"), "w") as target:
+                    target.write(source.read())
+            api.upload_folder(folder_path=staging, repo_id=repo_id, commit_message="Unlearned model (merged LoRA)")
+    else:
+        api.upload_folder(
+            folder_path=model_dir,
+            repo_id=repo_id,
+            commit_message="Unlearned model",
+            ignore_patterns=["checkpoint-*", "runs/*"],
+        )
+    return str(url)

@@ -136,3 +136,18 @@ def test_quant_check_command(tmp_path, saved_tiny_model):
     main(["quant-check", "--model", str(root), "--split", "forget01", "--modes", "nf4", "--output_dir", str(tmp_path)])
     result = json.loads((tmp_path / "quant_check.json").read_text())
     assert result["nf4"]["quantized_layers"] == 14
+
+
+def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch):
+    trainer = trainer_for(tmp_path)
+    trainer.train()
+    trainer.save_model()
+    before = folder_digest(tmp_path / "out")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConnectionError, match="offline mode is on"):
+        main(
+            ["push", "--model_dir", str(tmp_path / "out"), "--repo_id", "someone/unlearned", "--merge_adapter", "true"]
+        )
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        main(["push", "--model_dir", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"])
+    assert folder_digest(tmp_path / "out") == before
