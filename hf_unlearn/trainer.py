@@ -137,6 +137,22 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
     return reference
 
 
+def _check_context_length(model: nn.Module, dataset: Sequence[Mapping[str, Any]], name: str) -> None:
+    """Positions past the model's context would fail mid-run (or silently wrap); refuse them up front."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not limit:
+        return
+    lengths = [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+    too_long = [i for i, n in enumerate(lengths) if n > limit]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} {name} example(s) are longer than the model's context of {limit} tokens (longest: "
+            f"{max(lengths)} tokens, e.g. index {too_long[0]}). Truncate or drop them, e.g. "
+            "build_qa_dataset(..., max_length=...)."
+        )
+
+
 class _RetainPairingCallback(TrainerCallback):
     """Tell the paired dataset which epoch it is in, so retain pairs rotate deterministically."""
 
@@ -209,6 +225,9 @@ class UnlearnTrainer(Trainer):
                     "Pass retain_dataset=..., or retain_loss='none' to unlearn without one."
                 )
             _check_examples(retain_dataset, "retain")
+        _check_context_length(model, train_dataset, "forget")
+        if retain_dataset is not None:
+            _check_context_length(model, retain_dataset, "retain")
         vocab_size = _vocab_size(model)
         if forget_name == "masc" and args.masc_k >= vocab_size:
             raise ValueError(

@@ -89,3 +89,41 @@ def test_nan_loss_stops_before_the_update_and_names_the_step(tmp_path):
         trainer.train()
     for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(p, before[name], equal_nan=True)
+
+
+def test_sequences_longer_than_the_context(tmp_path):
+    long = [dict(make_example(1, length=80, prompt=10))] + FORGET  # the tiny models have 64 positions
+    with pytest.raises(ValueError, match="1 forget example\\(s\\) are longer than the model's context of 64 tokens"):
+        build(tmp_path, forget=long)
+
+
+def test_non_causal_model_is_refused(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    encoder = BertModel(
+        BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    )
+    with pytest.raises(ValueError, match="BertModel has no language-modelling head.*AutoModelForCausalLM"):
+        build(tmp_path, model=encoder)
+
+
+def test_tokenizer_without_pad_token_gets_eos(tmp_path):
+    from hf_unlearn.benchmarks import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = None
+    assert tokenizer.pad_token_id is None
+    trainer = UnlearnTrainer(make_tiny_model(), args(tmp_path), FORGET, RETAIN, processing_class=tokenizer)
+    assert tokenizer.pad_token == tokenizer.eos_token and trainer.pad_token_id == tokenizer.eos_token_id
+
+
+def test_forget_set_too_small_for_the_held_out_probe(tmp_path):
+    with pytest.raises(ValueError, match="too few to hold out"):
+        build(tmp_path, forget=FORGET[:1], stop_probe="holdout")
+
+
+def test_checkpoints_are_safetensors(tmp_path):
+    trainer = build(tmp_path, save_strategy="steps", save_steps=3, probe_interval=0, stop_on_violation=False)
+    trainer.train()
+    files = {p.name for p in (tmp_path / "checkpoint-3").iterdir()}
+    assert "model.safetensors" in files and "pytorch_model.bin" not in files

@@ -131,13 +131,16 @@ def test_without_reaching_alpha_the_budget_is_used(tmp_path, memorized_llama):
     assert trainer.stopping_callback.probes_done == 2
 
 
-def test_resume_restores_the_stopping_state_and_stops_at_the_same_step(tmp_path, memorized_llama_state):
+@pytest.mark.parametrize("surgery", ["sum", "sago"])
+def test_resume_restores_the_stopping_state_and_stops_at_the_same_step(tmp_path, memorized_llama_state, surgery):
     def fresh_model():
         model = make_tiny_model("llama")
         model.load_state_dict(memorized_llama_state)
         return model
 
-    common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=2)
+    common = dict(
+        stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=2, gradient_surgery=surgery
+    )
     uninterrupted = UnlearnTrainer(
         model=fresh_model(), args=config(tmp_path / "a", **common), train_dataset=FORGET, retain_dataset=RETAIN
     )
