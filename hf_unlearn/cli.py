@@ -68,6 +68,13 @@ class RunArguments:
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow custom model code from the Hub. Off unless you trust the source."}
     )
+    load_in_4bit: bool = field(
+        default=False, metadata={"help": "Load the base model in NF4 (bitsandbytes) for QLoRA; pair with LoRA."}
+    )
+    lora_r: int = field(default=0, metadata={"help": "Train LoRA adapters of this rank (0: full fine-tuning)."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], metadata={"help": "Modules LoRA adapts."}
+    )
     torch_dtype: str = field(
         default="auto", metadata={"help": "dtype to load the model in (auto, float32, bfloat16)."}
     )

@@ -48,13 +48,23 @@ def _offline_hint(message: str, error: Exception) -> str:
     return f"{message}: {type(error).__name__}: {str(error).rstrip('.')}.{hint}"
 
 
-def load_model_and_tokenizer(name: str, trust_remote_code: bool = False, dtype: str = "auto") -> tuple[Any, Any]:
-    """Load a causal LM and its tokenizer by local path or Hub id (no remote code unless asked)."""
+def load_model_and_tokenizer(
+    name: str, trust_remote_code: bool = False, dtype: str = "auto", load_in_4bit: bool = False
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer by local path or Hub id (no remote code unless asked).
+
+    ``load_in_4bit`` loads the base in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    extra: dict[str, Any] = {}
+    if load_in_4bit:
+        from .quantize import quantization_config
+
+        extra["quantization_config"] = quantization_config("nf4")
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=trust_remote_code, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=trust_remote_code, dtype=dtype, **extra)
     except OSError as error:
         raise RuntimeError(_offline_hint(f"Could not load model {name!r}", error)) from error
     except ValueError as error:
@@ -82,6 +92,7 @@ def unlearn_and_report(
     evaluate: bool = True,
     max_length: int | None = None,
     extra: dict | None = None,
+    peft_config: Any = None,
 ) -> dict:
     """Measure, unlearn, measure again, and write report.json / report.md / training_curves.png."""
     forget = build_qa_dataset(forget_records, tokenizer, question_column, answer_column, max_length)
@@ -101,7 +112,12 @@ def unlearn_and_report(
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = UnlearnTrainer(
-        model=model, args=config, train_dataset=forget, retain_dataset=retain, processing_class=tokenizer
+        model=model,
+        args=config,
+        train_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+        peft_config=peft_config,
     )
     trainer.train()
     stages.update()
@@ -177,8 +193,21 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
 def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> dict:
     """`hf-unlearn run`: load model and data by name or path, unlearn, report, save the model."""
     model, tokenizer = load_model_and_tokenizer(
-        run_args.model_name_or_path, run_args.trust_remote_code, run_args.torch_dtype
+        run_args.model_name_or_path, run_args.trust_remote_code, run_args.torch_dtype, run_args.load_in_4bit
     )
+    peft_config = None
+    if run_args.lora_r > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=run_args.lora_r,
+            lora_alpha=2 * run_args.lora_r,
+            lora_dropout=0.05,
+            target_modules=run_args.lora_target_modules,
+            task_type="CAUSAL_LM",
+        )
+    elif run_args.load_in_4bit:
+        raise ValueError("A 4-bit base cannot be fine-tuned directly: add --lora_r 16 (QLoRA).")
     forget = load_records(run_args.dataset_name, run_args.forget_subset, run_args.forget_split)
     retain = None
     if config.objectives[1] != "none" or run_args.retain_subset or run_args.retain_dataset_name:
@@ -197,6 +226,7 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> dict:
         answer_column=run_args.answer_column,
         evaluate=run_args.evaluate,
         max_length=run_args.max_length,
+        peft_config=peft_config,
         extra={
             "model": run_args.model_name_or_path,
             "dataset": run_args.dataset_name,

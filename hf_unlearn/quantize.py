@@ -22,7 +22,7 @@ QUANTIZATION_MODES = ("nf4", "fp4", "int8")
 RETURN_THRESHOLD = 0.05
 
 
-def _quantization_config(mode: str) -> Any:
+def quantization_config(mode: str) -> Any:
     from transformers import BitsAndBytesConfig
 
     if mode in ("nf4", "fp4"):
@@ -30,6 +30,30 @@ def _quantization_config(mode: str) -> Any:
     if mode == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"Unknown quantization mode {mode!r}; choose from {QUANTIZATION_MODES}.")
+
+
+def keep_4bit_layers_trainable(model: Any) -> int:
+    """Stop bitsandbytes' CPU inference repacking of 4-bit weights, and undo it where it already happened.
+
+    On CPUs with AVX512-BF16, bitsandbytes (0.50) repacks a ``Linear4bit`` weight into an inference-only layout on
+    the first forward in eval mode (a probe, an evaluation, the reference pass); its kernel has no backward, so
+    every later training step would silently get no gradient through those layers (QLoRA adapters below them stop
+    learning). Returns the number of layers touched.
+    """
+    touched = 0
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        state = getattr(module.weight, "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
+                module.weight.data, state
+            )
+        touched += 1
+    return touched
 
 
 def save_for_quantization(model: Any, path: str) -> str:
@@ -73,7 +97,7 @@ def check_quantization_robustness(
             # bitsandbytes warns once per 8-bit matmul that it casts fp32 inputs to fp16; that is expected here.
             logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
             quantized = AutoModelForCausalLM.from_pretrained(
-                path, quantization_config=_quantization_config(mode), device_map="cpu"
+                path, quantization_config=quantization_config(mode), device_map="cpu"
             )
             layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
             measured = _measure(quantized, tokenizer, forget_records, retain_records)

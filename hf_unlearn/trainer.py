@@ -242,6 +242,10 @@ class UnlearnTrainer(Trainer):
             if _is_peft_model(model):
                 raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
             model = get_peft_model(model, peft_config)
+        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_quantized", False):
+            from .quantize import keep_4bit_layers_trainable
+
+            keep_4bit_layers_trainable(model)
         if not any(p.requires_grad for p in model.parameters()):
             raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")
 

@@ -151,3 +151,38 @@ def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         main(["push", "--model_dir", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"])
     assert folder_digest(tmp_path / "out") == before
+
+
+def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model):
+    root, _, tokenizer = saved_tiny_model
+    from hf_unlearn.data import build_qa_dataset
+    from hf_unlearn.demo import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(str(root), load_in_4bit=True)
+    assert sum(type(m).__name__ == "Linear4bit" for m in model.modules()) == 14
+    forget = build_qa_dataset(load_split("forget01"), tokenizer)
+    retain = build_qa_dataset(load_split("retain99").select(range(8)), tokenizer)
+    # NPO+KLR: its forget gradient is non-zero on a random model (MASC's hinge is 0 there), and both of its terms
+    # use the reference, which here is the 4-bit base with the adapters disabled.
+    args = UnlearnConfig(
+        output_dir=str(tmp_path),
+        method="npo_klr",
+        max_steps=3,
+        probe_interval=1,
+        stop_on_violation=False,
+        learning_rate=1e-2,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = UnlearnTrainer(model, args, forget, retain, processing_class=tokenizer, peft_config=lora)
+    assert trainer.ref_model is None  # the reference is the 4-bit base with adapters disabled
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    assert changed and all("lora_" in n for n in changed)
+    assert (
+        trainer.stopping_callback.history[-1]["retain_probability"]
+        == trainer.stopping_callback.history[-1]["retain_probability"]
+    )  # finite probe on the quantized model
