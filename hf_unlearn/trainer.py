@@ -182,10 +182,6 @@ class UnlearnTrainer(Trainer):
     """
 
     _tag_names = ["hf_unlearn", "unlearning"]
-    _paper = {
-        "title": "Fast Unlearning at Scale via Margin Self-Correction",
-        "id": "2606.02920",
-    }
 
     def __init__(
         self,
@@ -257,7 +253,6 @@ class UnlearnTrainer(Trainer):
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.ref_model = ref_model
-        self.needs_reference = needs_reference
 
         # Held-out forget examples never enter a training batch; both probes are fixed for the whole run.
         trained_idx, holdout_idx = split_holdout(
@@ -265,12 +260,10 @@ class UnlearnTrainer(Trainer):
         )
         forget_train = [train_dataset[i] for i in trained_idx]
         self.holdout_examples = [model_inputs(train_dataset[i]) for i in holdout_idx]
-        self.forget_train_indices = trained_idx
         self.probe_examples = self._sample(forget_train, args.probe_size, args.seed)
         self.retain_probe_examples = (
             self._sample(retain_dataset, args.probe_size, args.seed + 1) if retain_dataset is not None else []
         )
-        self.retain_dataset = retain_dataset
         refusals = None
         if self.forget_objective.needs_refusal:
             if processing_class is None:
