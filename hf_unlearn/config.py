@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
+import torch
 from transformers import TrainingArguments
 
 from .margin import COMPETITOR_SOURCES, threshold_from_probability
@@ -31,6 +33,16 @@ DEFAULT_REFUSALS = (
     "That is something I cannot answer.",
 )
 STOP_PROBES = ("train", "holdout")
+
+
+def _has_accelerator() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    xpu = getattr(torch, "xpu", None)
+    return (
+        torch.cuda.is_available()
+        or bool(mps and mps.is_available())
+        or bool(xpu and hasattr(xpu, "is_available") and xpu.is_available())
+    )
 
 
 @dataclass
@@ -192,6 +204,10 @@ class UnlearnConfig(TrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not self.use_cpu and not _has_accelerator():
+            # Under torchrun on a machine without an accelerator, TrainingArguments would otherwise start every
+            # process as its own single-process run (each training alone, each writing the report).
+            self.use_cpu = True
         super().__post_init__()
         if self.method not in METHODS:
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
