@@ -33,7 +33,7 @@ def main(out_dir: str, surgery: str, global_batch: int) -> None:
         retain_loss="nll",
         report_to="none",
         save_strategy="no",
-        use_cpu=True,
+        # No use_cpu: under torchrun on a CPU-only machine UnlearnConfig must choose DDP on the CPU by itself.
         disable_tqdm=True,
         dataloader_drop_last=True,
     )

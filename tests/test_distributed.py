@@ -57,12 +57,3 @@ def test_two_processes_match_one_process(tmp_path, surgery):
             assert close.float().mean() > 0.999, name
             assert (weights0[name] - tensor).abs().max() < 4 * 3e-3, name
 
-
-def test_torchrun_on_a_cpu_only_machine_runs_distributed(monkeypatch):
-    """Without this, every torchrun process on a CPU-only machine trains alone and writes its own report."""
-    from hf_unlearn import UnlearnConfig
-    from hf_unlearn.config import _has_accelerator
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    config = UnlearnConfig(output_dir="unused", report_to="none")
-    assert config.use_cpu == (not _has_accelerator())
