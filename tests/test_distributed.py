@@ -56,4 +56,3 @@ def test_two_processes_match_one_process(tmp_path, surgery):
             close = torch.isclose(weights0[name], tensor, rtol=1e-4, atol=1e-5)
             assert close.float().mean() > 0.999, name
             assert (weights0[name] - tensor).abs().max() < 4 * 3e-3, name
-

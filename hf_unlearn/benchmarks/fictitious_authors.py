@@ -762,8 +762,12 @@ def learn_target_model(
     batch_size: int = 16,
     eval_every: int = 2,
     model_kwargs: Mapping[str, Any] | None = None,
+    learn_split: str = "full",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
     """Make the "target model": a tiny causal LM that has memorised every learned author (the ``full`` split).
+
+    With ``learn_split="retain90"`` (or another retain split) it makes the *retain-only* model instead, the
+    reference that TOFU's forget quality compares an unlearned model with: it never saw the forget authors.
 
     It is learned with TRL's ``SFTTrainer`` on the pairs tokenized by :func:`hf_unlearn.data.tokenize_qa` (the
     ``labels`` column keeps the prompt at ``-100``, so the loss is on the answer alone, and unlearning later sees
@@ -794,6 +798,8 @@ def learn_target_model(
         "eval_every": eval_every,
         "model_kwargs": dict(sorted((model_kwargs or {}).items())),
     }
+    if learn_split != "full":  # only then, so the default model keeps its cache key
+        settings["learn_split"] = learn_split
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / "fictitious_authors" / digest
@@ -808,6 +814,16 @@ def learn_target_model(
     start = time.perf_counter()
     records = generate_benchmark(num_authors, questions_per_author, num_holdout_authors, seed=benchmark_seed)
     learned = [r for r in records if not r["is_holdout"]]
+    if learn_split != "full":
+        kept = load_split(
+            learn_split,
+            num_authors=num_authors,
+            questions_per_author=questions_per_author,
+            num_holdout_authors=num_holdout_authors,
+            seed=benchmark_seed,
+        )
+        kept_authors = set(kept["author_index"])
+        learned = [r for r in learned if r["author_index"] in kept_authors]
     tokenizer = build_tokenizer(records)
     model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
     longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)

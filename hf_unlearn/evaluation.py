@@ -1,0 +1,118 @@
+"""TOFU-style evaluation of an unlearned model: one code path for the CLI, the jobs and the benchmarks.
+
+Definitions follow TOFU (Maini et al., "TOFU: A Task of Fictitious Unlearning for LLMs", arXiv 2401.06121, §2.5):
+probability, ROUGE-L recall of greedy answers, truth ratio (forget aggregation ``mean(min(TR, 1/TR))``, retain
+aggregation ``mean(max(0, 1 - TR))``), forget quality (p-value of the two-sample Kolmogorov-Smirnov test between
+the forget-set truth ratios of the evaluated model and of a model trained on the retain split only), and model
+utility (harmonic mean of the retain metrics). The exact-reproduction bound is MASC's Proposition 1
+(arXiv 2606.02920), from the one margin implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from scipy.stats import hmean, ks_2samp
+
+from .data import pad_examples, tokenize_qa
+from .margin import (
+    exact_reproduction_bound,
+    restricted_margin,
+    shift_for_causal_lm,
+    threshold_from_probability,
+    violation_fractions,
+)
+from .metrics import evaluate_qa, forget_truth_ratio, retain_truth_ratio, truth_ratios
+
+
+def forget_quality(truth_ratios_evaluated: Sequence[float], truth_ratios_retain_only: Sequence[float]) -> float:
+    """p-value of the two-sample KS test between forget-set truth ratios (TOFU §2.5): high = indistinguishable
+    from a model that never saw the forget set."""
+    return float(ks_2samp(list(truth_ratios_evaluated), list(truth_ratios_retain_only)).pvalue)
+
+
+def model_utility(values: Sequence[float]) -> float:
+    """Harmonic mean (TOFU §2.5); 0 as soon as one value is 0, as a harmonic mean should be."""
+    values = [float(v) for v in values]
+    if not values:
+        return float("nan")
+    if min(values) <= 0:
+        return 0.0
+    return float(hmean(values))
+
+
+@torch.inference_mode()
+def reproduction_bound(
+    model: Any, tokenizer: Any, records: Any, k: int = 10, rho: float = 0.5, batch_size: int = 32
+) -> dict[str, float]:
+    """MASC Proposition 1 at beta = 1 on ``records``: mean and max of ``rho^((1 - v_i) L_i)``, and the violation
+    rate, with self-competitors (k) and threshold tau = log(rho / (1 - rho))."""
+    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    fractions, lengths = [], []
+    device = next(model.parameters()).device
+    try:
+        for start in range(0, len(examples), batch_size):
+            batch = {k_: v.to(device) for k_, v in pad_examples(examples[start : start + batch_size], pad_id).items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            shifted, labels = shift_for_causal_lm(logits.float(), batch["labels"])
+            result = restricted_margin(shifted, labels, k=k, beta=1.0)
+            f, n = violation_fractions(result, threshold_from_probability(rho))
+            fractions.append(f.cpu())
+            lengths.append(n.cpu())
+    finally:
+        model.train(was_training)
+    fractions_t, lengths_t = torch.cat(fractions), torch.cat(lengths)
+    bounds = exact_reproduction_bound(fractions_t, lengths_t, rho)
+    return {"mean": bounds.mean().item(), "max": bounds.max().item(), "violation_rate": fractions_t.mean().item()}
+
+
+def evaluate_unlearning(
+    model: Any,
+    tokenizer: Any,
+    forget: Any,
+    retain: Any | None = None,
+    retain_only_truth_ratios: Sequence[float] | None = None,
+    extra_retain_sets: dict[str, Any] | None = None,
+    k: int = 10,
+    rho: float = 0.5,
+) -> dict[str, Any]:
+    """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
+    are given), model utility and the exact-reproduction bound. ``extra_retain_sets`` (e.g. TOFU's
+    ``real_authors``, ``world_facts``) count towards model utility like the retain set."""
+    result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget)}
+    forget_ratios = truth_ratios(model, tokenizer, forget)
+    result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios)
+    result["forget_truth_ratios"] = forget_ratios
+    utility_values: list[float] = []
+    for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
+        if records is None:
+            continue
+        metrics = evaluate_qa(model, tokenizer, records)
+        ratios = truth_ratios(model, tokenizer, records)
+        metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else float("nan")
+        result[name] = metrics
+        utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
+        if ratios:
+            utility_values.append(metrics["truth_ratio"])
+    result["model_utility"] = model_utility(utility_values) if utility_values else None
+    result["forget_quality"] = (
+        forget_quality(forget_ratios, retain_only_truth_ratios) if retain_only_truth_ratios is not None else None
+    )
+    bound = reproduction_bound(model, tokenizer, forget, k=k, rho=rho)
+    result["exact_reproduction_bound"] = bound["mean"]
+    result["exact_reproduction_bound_max"] = bound["max"]
+    return result
+
+
+def retain_only_truth_ratios(split: str = "forget10") -> list[float]:
+    """Forget-set truth ratios of the embedded benchmark's retain-only model (learned once, then cached)."""
+    from .benchmarks.fictitious_authors import learn_target_model, load_split
+
+    retain_split = f"retain{100 - int(split.removeprefix('forget')):02d}"
+    model, tokenizer, _ = learn_target_model(learn_split=retain_split, show_progress=False)
+    return truth_ratios(model, tokenizer, load_split(split))

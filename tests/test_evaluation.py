@@ -1,0 +1,42 @@
+"""TOFU-style aggregate metrics against scipy and hand values, and the bound against the trainer's."""
+
+import pytest
+from scipy.stats import ks_2samp
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
+from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.evaluation import evaluate_unlearning, forget_quality, model_utility, reproduction_bound
+
+
+def test_forget_quality_is_the_ks_p_value():
+    a, b = [0.1, 0.4, 0.35, 0.8, 0.05], [0.9, 0.7, 0.95, 0.6, 0.85, 0.99]
+    assert forget_quality(a, b) == pytest.approx(ks_2samp(a, b).pvalue)
+    assert forget_quality(a, a) == pytest.approx(1.0)
+
+
+def test_model_utility_is_a_harmonic_mean_that_a_zero_sinks():
+    assert model_utility([0.5, 1.0]) == pytest.approx(2 / (1 / 0.5 + 1 / 1.0))
+    assert model_utility([0.9, 0.0, 0.8]) == 0.0
+
+
+def test_reproduction_bound_matches_the_trainers(tmp_path):
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
+    records = load_split("forget01")
+    forget = build_qa_dataset(records, tokenizer)
+    args = UnlearnConfig(output_dir=str(tmp_path), report_to="none", masc_rho=0.7, retain_loss="none", use_cpu=True)
+    trainer = UnlearnTrainer(model, args, forget, processing_class=tokenizer)
+    expected = trainer.exact_reproduction_bound()
+    measured = reproduction_bound(model, tokenizer, records, k=10, rho=0.7)
+    assert measured["mean"] == pytest.approx(expected["mean"], rel=1e-5)
+    assert measured["violation_rate"] == pytest.approx(expected["violation_rate"], rel=1e-5)
+
+
+def test_evaluate_unlearning_reports_every_axis():
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "gpt2", hidden_size=32, num_layers=1, num_heads=2)
+    forget, retain = load_split("forget01"), load_split("retain99").select(range(5))
+    result = evaluate_unlearning(model, tokenizer, forget, retain, retain_only_truth_ratios=[1.0] * 5)
+    assert {"forget", "retain", "model_utility", "forget_quality", "exact_reproduction_bound"} <= result.keys()
+    assert len(result["forget_truth_ratios"]) == 5 and 0 <= result["forget_quality"] <= 1
+    assert result["forget"]["num_examples"] == 5 and result["retain"]["num_examples"] == 5
