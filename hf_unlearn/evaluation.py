@@ -10,7 +10,7 @@ utility (harmonic mean of the retain metrics). The exact-reproduction bound is M
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,7 @@ from .margin import (
     violation_fractions,
 )
 from .metrics import evaluate_qa, forget_truth_ratio, retain_truth_ratio, truth_ratios
+from .objectives import token_log_probs
 
 
 def forget_quality(truth_ratios_evaluated: Sequence[float], truth_ratios_retain_only: Sequence[float]) -> float:
@@ -43,7 +44,55 @@ def model_utility(values: Sequence[float]) -> float:
     return float(hmean(values))
 
 
-@torch.inference_mode()
+@torch.no_grad()
+def measure_violations(
+    model: Any,
+    examples: Sequence[Mapping[str, Any]],
+    pad_token_id: int,
+    k: int,
+    tau: float,
+    beta: float = 1.0,
+    delta: float | None = None,
+    reference_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
+    batch_size: int = 32,
+) -> dict[str, torch.Tensor]:
+    """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3).
+
+    The one model-side use of :func:`~hf_unlearn.margin.restricted_margin` outside the loss: the stopping probe,
+    the report's bound and the evaluation all call this. ``reference_logits(batch)`` selects teacher
+    competitors. Examples without answer tokens are dropped.
+    """
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    fractions, lengths, probabilities = [], [], []
+    try:
+        for start in range(0, len(examples), batch_size):
+            batch = {
+                k_: v.to(device) for k_, v in pad_examples(examples[start : start + batch_size], pad_token_id).items()
+            }
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            shifted, labels = shift_for_causal_lm(logits, batch["labels"])
+            teacher = None
+            if reference_logits is not None:
+                teacher, _ = shift_for_causal_lm(reference_logits(batch), batch["labels"])
+            result = restricted_margin(shifted, labels, k=k, beta=beta, teacher_logits=teacher, delta=delta)
+            batch_fractions, batch_lengths = violation_fractions(result, tau)
+            log_probs, mask = token_log_probs(logits, batch["labels"])
+            probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
+            fractions.append(batch_fractions.cpu())
+            lengths.append(batch_lengths.cpu())
+    finally:
+        model.train(was_training)
+    fractions_t, lengths_t = torch.cat(fractions), torch.cat(lengths)
+    scored = lengths_t > 0
+    return {
+        "fractions": fractions_t[scored],
+        "lengths": lengths_t[scored],
+        "probabilities": torch.cat(probabilities)[scored],
+    }
+
+
 def reproduction_bound(
     model: Any, tokenizer: Any, records: Any, k: int = 10, rho: float = 0.5, batch_size: int = 32
 ) -> dict[str, float]:
@@ -51,24 +100,13 @@ def reproduction_bound(
     rate, with self-competitors (k) and threshold tau = log(rho / (1 - rho))."""
     examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    was_training = model.training
-    model.eval()
-    fractions, lengths = [], []
-    device = next(model.parameters()).device
-    try:
-        for start in range(0, len(examples), batch_size):
-            batch = {k_: v.to(device) for k_, v in pad_examples(examples[start : start + batch_size], pad_id).items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            shifted, labels = shift_for_causal_lm(logits.float(), batch["labels"])
-            result = restricted_margin(shifted, labels, k=k, beta=1.0)
-            f, n = violation_fractions(result, threshold_from_probability(rho))
-            fractions.append(f.cpu())
-            lengths.append(n.cpu())
-    finally:
-        model.train(was_training)
-    fractions_t, lengths_t = torch.cat(fractions), torch.cat(lengths)
-    bounds = exact_reproduction_bound(fractions_t, lengths_t, rho)
-    return {"mean": bounds.mean().item(), "max": bounds.max().item(), "violation_rate": fractions_t.mean().item()}
+    measured = measure_violations(model, examples, pad_id, k, threshold_from_probability(rho), batch_size=batch_size)
+    bounds = exact_reproduction_bound(measured["fractions"], measured["lengths"], rho)
+    return {
+        "mean": bounds.mean().item(),
+        "max": bounds.max().item(),
+        "violation_rate": measured["fractions"].mean().item(),
+    }
 
 
 def evaluate_unlearning(

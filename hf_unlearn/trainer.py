@@ -30,17 +30,16 @@ from .data import (
     ForgetRetainDataset,
     ensure_pad_token,
     model_inputs,
-    pad_examples,
     split_holdout,
 )
-from .margin import exact_reproduction_bound, restricted_margin, shift_for_causal_lm, violation_fractions
+from .evaluation import measure_violations
+from .margin import exact_reproduction_bound
 from .objectives import (
     FORGET_OBJECTIVES,
     RETAIN_OBJECTIVES,
     LossInputs,
     Objective,
     get_objective,
-    token_log_probs,
 )
 from .surgery import combine_gradients_
 
@@ -478,42 +477,23 @@ class UnlearnTrainer(Trainer):
         Uses the one margin implementation with the run's k, competitor source and rho, so the stopping rule,
         the report's exact-reproduction bound and the loss agree on what a violation is.
         """
-        model = self.accelerator.unwrap_model(self.model)
-        batch_size = batch_size or max(self.args.per_device_eval_batch_size, 8)
-        was_training = model.training
-        model.eval()
-        fractions, lengths, probabilities = [], [], []
-        try:
-            for start in range(0, len(examples), batch_size):
-                batch = pad_examples(examples[start : start + batch_size], self.pad_token_id)
-                batch = {k: v.to(self.args.device) for k, v in batch.items()}
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                shifted, labels = shift_for_causal_lm(logits, batch["labels"])
-                teacher = None
-                if self.args.competitor_source == "teacher":
-                    teacher, _ = shift_for_causal_lm(self.reference_logits(self.model, batch), batch["labels"])
-                result = restricted_margin(
-                    shifted,
-                    labels,
-                    k=self.args.masc_k,
-                    beta=self.args.masc_beta if beta is None else beta,
-                    teacher_logits=teacher,
-                    delta=self.args.competitor_delta,
-                )
-                batch_fractions, batch_lengths = violation_fractions(result, self.args.masc_tau)
-                log_probs, mask = token_log_probs(logits, batch["labels"])
-                probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
-                fractions.append(batch_fractions.cpu())
-                lengths.append(batch_lengths.cpu())
-        finally:
-            model.train(was_training)
-        fractions_t, lengths_t = torch.cat(fractions), torch.cat(lengths)
-        scored = lengths_t > 0
-        return {
-            "fractions": fractions_t[scored],
-            "lengths": lengths_t[scored],
-            "probabilities": torch.cat(probabilities)[scored],
-        }
+        reference = None
+        if self.args.competitor_source == "teacher":
+
+            def reference(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+                return self.reference_logits(self.model, batch)
+
+        return measure_violations(
+            self.accelerator.unwrap_model(self.model),
+            examples,
+            self.pad_token_id,
+            k=self.args.masc_k,
+            tau=self.args.masc_tau,
+            beta=self.args.masc_beta if beta is None else beta,
+            delta=self.args.competitor_delta,
+            reference_logits=reference,
+            batch_size=batch_size or max(self.args.per_device_eval_batch_size, 8),
+        )
 
     def probe(self) -> dict[str, float]:
         """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates."""
