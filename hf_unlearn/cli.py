@@ -15,7 +15,7 @@ from transformers import HfArgumentParser
 
 from .config import UnlearnConfig
 
-COMMANDS = ("demo", "run", "compare", "quant-check", "push")
+COMMANDS = ("demo", "run", "compare", "quant-check", "push", "eval")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs): measured on the
@@ -167,6 +167,51 @@ def push_main(argv: list[str]) -> str:
     return url
 
 
+@dataclass
+class EvalArguments:
+    """Options of `hf-unlearn eval`."""
+
+    model: str = field(metadata={"help": "Model to evaluate: a local folder or Hub id, with its tokenizer."})
+    benchmark: str = field(default="embedded", metadata={"help": "'embedded' (the fictitious-authors benchmark)."})
+    split: str = field(default="forget10", metadata={"help": "Forget split; the matching retain split is used too."})
+    retain_only_eval: str | None = field(
+        default=None,
+        metadata={"help": "eval.json of a retain-only model, for forget quality (embedded: learned automatically)."},
+    )
+    output_dir: str = field(default=".", metadata={"help": "Where eval.json and eval.md go."})
+
+
+def eval_main(argv: list[str]) -> dict:
+    """TOFU-style evaluation: forget/retain metrics, truth ratio, forget quality, model utility, bound."""
+    import json
+
+    from .demo import load_model_and_tokenizer
+    from .evaluation import evaluate_unlearning, evaluation_markdown, retain_only_truth_ratios
+
+    (cli,) = _parse((EvalArguments,), argv)
+    if cli.benchmark != "embedded":
+        raise ValueError(f"Benchmark {cli.benchmark!r} is not available yet; use 'embedded'.")
+    from .benchmarks.fictitious_authors import load_split
+
+    model, tokenizer = load_model_and_tokenizer(cli.model)
+    if cli.retain_only_eval:
+        with open(cli.retain_only_eval) as f:
+            reference = json.load(f)["forget_truth_ratios"]
+    else:
+        reference = retain_only_truth_ratios(cli.split)
+    retain = load_split(f"retain{100 - int(cli.split.removeprefix('forget')):02d}")
+    result = evaluate_unlearning(model, tokenizer, load_split(cli.split), retain, reference)
+    result.update(model=cli.model, benchmark=cli.benchmark, split=cli.split)
+    os.makedirs(cli.output_dir, exist_ok=True)
+    with open(os.path.join(cli.output_dir, "eval.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    markdown = evaluation_markdown(result)
+    with open(os.path.join(cli.output_dir, "eval.md"), "w") as f:
+        f.write(markdown)
+    print(markdown)
+    return result
+
+
 def compare_main(argv: list[str]) -> dict:
     """Every method on the embedded benchmark, side by side (see hf_unlearn.compare)."""
     from .compare import CompareArguments, run_compare
@@ -193,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "compare": compare_main,
         "quant-check": quant_check_main,
         "push": push_main,
+        "eval": eval_main,
     }
     commands[command](argv[1:])
     return 0

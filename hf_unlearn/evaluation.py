@@ -154,3 +154,27 @@ def retain_only_truth_ratios(split: str = "forget10") -> list[float]:
     retain_split = f"retain{100 - int(split.removeprefix('forget')):02d}"
     model, tokenizer, _ = learn_target_model(learn_split=retain_split, show_progress=False)
     return truth_ratios(model, tokenizer, load_split(split))
+
+
+def evaluation_markdown(result: dict[str, Any]) -> str:
+    """A short Markdown summary of :func:`evaluate_unlearning`'s result."""
+
+    def fmt(value: Any) -> str:
+        return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = [f"# Evaluation of {result.get('model', 'the model')}", ""]
+    lines += ["| set | ROUGE-L recall | probability | exact match | truth ratio |", "|---|---|---|---|---|"]
+    for name, metrics in result.items():
+        if isinstance(metrics, dict) and "rouge_l_recall" in metrics:
+            lines.append(
+                f"| {name} | {fmt(metrics['rouge_l_recall'])} | {fmt(metrics['probability'])} | "
+                f"{fmt(metrics['exact_match'])} | {fmt(metrics.get('truth_ratio'))} |"
+            )
+    lines += [
+        "",
+        f"- Forget quality (KS p-value vs the retain-only model): {fmt(result.get('forget_quality'))}",
+        f"- Model utility (harmonic mean of retain metrics): {fmt(result.get('model_utility'))}",
+        f"- Exact-reproduction bound (MASC Proposition 1): {fmt(result.get('exact_reproduction_bound'))}",
+        "",
+    ]
+    return "\n".join(lines)

@@ -40,3 +40,18 @@ def test_evaluate_unlearning_reports_every_axis():
     assert {"forget", "retain", "model_utility", "forget_quality", "exact_reproduction_bound"} <= result.keys()
     assert len(result["forget_truth_ratios"]) == 5 and 0 <= result["forget_quality"] <= 1
     assert result["forget"]["num_examples"] == 5 and result["retain"]["num_examples"] == 5
+
+
+@pytest.mark.slow
+def test_eval_command_on_the_embedded_benchmark(tmp_path):
+    from hf_unlearn.benchmarks import learn_target_model
+    from hf_unlearn.cli import main
+
+    _, _, info = learn_target_model(show_progress=False)
+    main(["eval", "--model", info["path"], "--split", "forget10", "--output_dir", str(tmp_path)])
+    import json
+
+    result = json.loads((tmp_path / "eval.json").read_text())
+    assert result["forget"]["rouge_l_recall"] > 0.9 and len(result["forget_truth_ratios"]) == 20
+    assert 0 <= result["forget_quality"] <= 1 and result["exact_reproduction_bound"] > 0.5
+    assert "Forget quality" in (tmp_path / "eval.md").read_text()
