@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hf_unlearn.data import IGNORE_INDEX, pad_examples, tokenize_prompt, tokenize_qa
+from hf_unlearn.objectives import token_log_probs
 
 __all__ = [
     "answer_log_probs",
@@ -149,11 +150,8 @@ def answer_log_probs(
             for batch in _progress(_batches(examples, batch_size), total, "Scoring answers", show_progress):
                 padded = {k: v.to(device) for k, v in pad_examples(batch, pad_id).items()}
                 logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
-                labels = padded["labels"][:, 1:]
-                log_probs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-                mask = labels != IGNORE_INDEX
-                token_log_probs = log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-                sums = (token_log_probs * mask).sum(dim=-1)
+                log_probs, mask = token_log_probs(logits, padded["labels"])
+                sums = log_probs.sum(dim=-1)
                 counts = mask.sum(dim=-1)
                 results.extend(zip(sums.tolist(), counts.tolist(), strict=True))
     finally:
