@@ -132,10 +132,10 @@ def quant_check_main(argv: list[str]) -> dict:
     (cli,) = _parse((QuantCheckArguments,), argv)
     _, tokenizer = load_model_and_tokenizer(cli.model)
     if cli.benchmark == "embedded":
-        from .benchmarks.fictitious_authors import load_split
+        from .benchmarks.fictitious_authors import load_split, retain_split_for
 
         forget = load_split(cli.split)
-        retain = load_split(cli.retain_split or f"retain{100 - int(cli.split.removeprefix('forget')):02d}")
+        retain = load_split(cli.retain_split or retain_split_for(cli.split))
     else:
         forget = load_records(cli.benchmark, cli.split)
         retain = load_records(cli.benchmark, cli.retain_split) if cli.retain_split else None
@@ -191,7 +191,7 @@ def eval_main(argv: list[str]) -> dict:
     (cli,) = _parse((EvalArguments,), argv)
     if cli.benchmark != "embedded":
         raise ValueError(f"Benchmark {cli.benchmark!r} is not available yet; use 'embedded'.")
-    from .benchmarks.fictitious_authors import load_split
+    from .benchmarks.fictitious_authors import load_split, retain_split_for
 
     model, tokenizer = load_model_and_tokenizer(cli.model)
     if cli.retain_only_eval:
@@ -199,7 +199,7 @@ def eval_main(argv: list[str]) -> dict:
             reference = json.load(f)["forget_truth_ratios"]
     else:
         reference = retain_only_truth_ratios(cli.split)
-    retain = load_split(f"retain{100 - int(cli.split.removeprefix('forget')):02d}")
+    retain = load_split(retain_split_for(cli.split))
     result = evaluate_unlearning(model, tokenizer, load_split(cli.split), retain, reference)
     result.update(model=cli.model, benchmark=cli.benchmark, split=cli.split)
     os.makedirs(cli.output_dir, exist_ok=True)

@@ -86,12 +86,12 @@ def _distance(row: dict, target: dict) -> float:
 
 def run_compare(cli: CompareArguments) -> dict:
     """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
-    from .benchmarks.fictitious_authors import learn_target_model, load_split
+    from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
 
     target_model, tokenizer, _ = learn_target_model(show_progress=False)
     state = {k: v.clone() for k, v in target_model.state_dict().items()}
     forget_records = load_split(cli.split)
-    retain_split = load_split(f"retain{100 - int(cli.split.removeprefix('forget')):02d}")
+    retain_split = load_split(retain_split_for(cli.split))
     retain_eval = retain_split.shuffle(seed=cli.seed).select(range(min(cli.retain_eval_size, len(retain_split))))
     forget = build_qa_dataset(forget_records, tokenizer)
     retain = build_qa_dataset(retain_split, tokenizer)

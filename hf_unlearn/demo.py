@@ -156,14 +156,15 @@ def unlearn_and_report(
 
 def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
     """The README's main job: learn the embedded benchmark, then forget its forget split."""
-    from .benchmarks.fictitious_authors import learn_target_model, load_split
+    from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
 
     start = time.perf_counter()
     model, tokenizer, learn_info = learn_target_model(
         cache_dir=demo_args.cache_dir, architecture=demo_args.architecture
     )
     forget = load_split(demo_args.split)
-    retain = load_split(f"retain{100 - int(demo_args.split.removeprefix('forget')):02d}")
+    retain_name = retain_split_for(demo_args.split)
+    retain = load_split(retain_name)
     report = unlearn_and_report(
         model,
         tokenizer,
@@ -176,7 +177,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
             "target_model": learn_info,
             "datasets": {
                 "forget_dataset": f"hf_unlearn fictitious authors {demo_args.split}",
-                "retain_dataset": f"hf_unlearn fictitious authors retain{100 - int(demo_args.split[-2:]):02d}",
+                "retain_dataset": f"hf_unlearn fictitious authors {retain_name}",
             },
         },
     )

@@ -149,9 +149,9 @@ def evaluate_unlearning(
 
 def retain_only_truth_ratios(split: str = "forget10") -> list[float]:
     """Forget-set truth ratios of the embedded benchmark's retain-only model (learned once, then cached)."""
-    from .benchmarks.fictitious_authors import learn_target_model, load_split
+    from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
 
-    retain_split = f"retain{100 - int(split.removeprefix('forget')):02d}"
+    retain_split = retain_split_for(split)
     model, tokenizer, _ = learn_target_model(learn_split=retain_split, show_progress=False)
     return truth_ratios(model, tokenizer, load_split(split))
 

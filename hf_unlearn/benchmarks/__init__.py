@@ -8,6 +8,7 @@ from hf_unlearn.benchmarks.fictitious_authors import (
     generate_benchmark,
     learn_target_model,
     load_split,
+    retain_split_for,
     tiny_model,
     tiny_model_config,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "generate_benchmark",
     "learn_target_model",
     "load_split",
+    "retain_split_for",
     "tiny_model",
     "tiny_model_config",
 ]

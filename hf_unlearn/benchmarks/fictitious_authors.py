@@ -51,6 +51,7 @@ __all__ = [
     "generate_benchmark",
     "learn_target_model",
     "load_split",
+    "retain_split_for",
     "tiny_model",
     "tiny_model_config",
 ]
@@ -504,6 +505,13 @@ def _new_author_name(rng: random.Random, taken: set[str]) -> str:
 
 def _forget_count(percent: int, num_authors: int) -> int:
     return max(1, round(percent / 100 * num_authors))
+
+
+def retain_split_for(forget_split: str) -> str:
+    """The retain split that complements a forget split: ``forget10`` -> ``retain90``."""
+    if not forget_split.startswith("forget") or forget_split not in SPLIT_NAMES:
+        raise ValueError(f"{forget_split!r} is not a forget split; valid ones: forget01, forget05, forget10.")
+    return f"retain{100 - int(forget_split.removeprefix('forget')):02d}"
 
 
 def load_split(name: str, **generate_kwargs: Any) -> Dataset:
