@@ -126,7 +126,8 @@ def quant_check_main(argv: list[str]) -> dict:
     """Reload a model in 4-bit and 8-bit and measure whether forgotten knowledge came back."""
     import json
 
-    from .demo import load_model_and_tokenizer, load_records
+    from .demo import load_model_and_tokenizer
+    from .loaders import load_records
     from .quantize import check_quantization_robustness, quantization_table
 
     (cli,) = _parse((QuantCheckArguments,), argv)
@@ -172,37 +173,72 @@ class EvalArguments:
     """Options of `hf-unlearn eval`."""
 
     model: str = field(metadata={"help": "Model to evaluate: a local folder or Hub id, with its tokenizer."})
-    benchmark: str = field(default="embedded", metadata={"help": "'embedded' (the fictitious-authors benchmark)."})
-    split: str = field(default="forget10", metadata={"help": "Forget split; the matching retain split is used too."})
-    retain_only_eval: str | None = field(
-        default=None,
-        metadata={"help": "eval.json of a retain-only model, for forget quality (embedded: learned automatically)."},
+    benchmark: str = field(
+        default="embedded",
+        metadata={
+            "help": "embedded (the fictitious authors, TOFU and MUSE metrics), tofu (locuslab/TOFU), muse_news "
+            "(muse-bench/MUSE-News) or muse_books (muse-bench/MUSE-Books)."
+        },
     )
-    output_dir: str = field(default=".", metadata={"help": "Where eval.json and eval.md go."})
+    split: str = field(default="forget10", metadata={"help": "Forget split (embedded, tofu): forget01/05/10."})
+    dataset_path: str | None = field(
+        default=None, metadata={"help": "A local copy of the benchmark's Hub repository, instead of the Hub id."}
+    )
+    reference_eval: str | None = field(
+        default=None,
+        metadata={
+            "help": "eval.json of the model trained without the forget set (retain-only / retrained), for forget "
+            "quality and PrivLeak. On the embedded benchmark it is learned automatically."
+        },
+    )
+    compare_with: list[str] = field(
+        default_factory=list, metadata={"help": "Other eval.json files to draw on the radar chart (NAME=PATH)."}
+    )
+    max_examples: int | None = field(default=None, metadata={"help": "Keep the first N examples of each set."})
+    trust_remote_code: bool = field(default=False, metadata={"help": "Allow the model's own code (off by default)."})
+    output_dir: str = field(default=".", metadata={"help": "Where eval.json, eval.md and the PNGs go."})
 
 
 def eval_main(argv: list[str]) -> dict:
-    """TOFU-style evaluation: forget/retain metrics, truth ratio, forget quality, model utility, bound."""
+    """TOFU- and MUSE-style evaluation: eval.json, eval.md, a radar chart and truth-ratio histograms."""
     import json
 
     from .demo import load_model_and_tokenizer
-    from .evaluation import evaluate_unlearning, evaluation_markdown, retain_only_truth_ratios
+    from .evaluation import embedded_reference, evaluate_benchmark, evaluation_markdown
+    from .plots import plot_radar, plot_truth_ratio_histogram
 
     (cli,) = _parse((EvalArguments,), argv)
-    if cli.benchmark != "embedded":
-        raise ValueError(f"Benchmark {cli.benchmark!r} is not available yet; use 'embedded'.")
-    from .benchmarks.fictitious_authors import load_split, retain_split_for
-
-    model, tokenizer = load_model_and_tokenizer(cli.model)
-    if cli.retain_only_eval:
-        with open(cli.retain_only_eval) as f:
-            reference = json.load(f)["forget_truth_ratios"]
-    else:
-        reference = retain_only_truth_ratios(cli.split)
-    retain = load_split(retain_split_for(cli.split))
-    result = evaluate_unlearning(model, tokenizer, load_split(cli.split), retain, reference)
-    result.update(model=cli.model, benchmark=cli.benchmark, split=cli.split)
+    model, tokenizer = load_model_and_tokenizer(cli.model, cli.trust_remote_code)
+    reference = None
+    if cli.reference_eval:
+        with open(cli.reference_eval) as f:
+            reference = json.load(f)
+    elif cli.benchmark == "embedded":
+        reference = embedded_reference(cli.split)
+    result = evaluate_benchmark(
+        model, tokenizer, cli.benchmark, cli.split, cli.dataset_path, reference, cli.max_examples, show_progress=True
+    )
+    result["model"] = cli.model
     os.makedirs(cli.output_dir, exist_ok=True)
+    plots = {}
+    if "forget" in result:
+        others = {}
+        for item in cli.compare_with:
+            name, _, path = item.rpartition("=")
+            with open(path) as f:
+                others[name or os.path.basename(os.path.dirname(os.path.abspath(path)))] = json.load(f)
+        plots["radar"] = plot_radar(
+            {os.path.basename(cli.model.rstrip("/")) or cli.model: result, **others},
+            os.path.join(cli.output_dir, "radar.png"),
+        )
+        ratios = {"evaluated model": result["forget_truth_ratios"]}
+        if reference and reference.get("forget_truth_ratios"):
+            ratios["model trained without the forget set"] = reference["forget_truth_ratios"]
+        if result["forget_truth_ratios"]:
+            plots["truth_ratios"] = plot_truth_ratio_histogram(
+                ratios, os.path.join(cli.output_dir, "truth_ratios.png")
+            )
+    result["plots"] = plots
     with open(os.path.join(cli.output_dir, "eval.json"), "w") as f:
         json.dump(result, f, indent=2)
     markdown = evaluation_markdown(result)

@@ -83,8 +83,8 @@ def build_qa_dataset(
 ) -> Dataset:
     """Tokenize a dataset with question and answer columns into ``input_ids``/``attention_mask``/``labels``.
 
-    The original columns are kept (the evaluation reads ``question`` and ``answer`` back), so pass the result
-    straight to ``UnlearnTrainer``.
+    The original columns are kept, the question and answer ones renamed to ``question`` and ``answer`` (the
+    evaluation reads them back under those names), so pass the result straight to ``UnlearnTrainer``.
     """
     for column in (question_column, answer_column):
         if column not in dataset.column_names:
@@ -92,6 +92,12 @@ def build_qa_dataset(
                 f"Column {column!r} not found; the dataset has {dataset.column_names}. "
                 "Pass question_column/answer_column to name the right ones."
             )
+    for column, canonical in ((question_column, "question"), (answer_column, "answer")):
+        if column != canonical:
+            if canonical in dataset.column_names:
+                dataset = dataset.remove_columns(canonical)
+            dataset = dataset.rename_column(column, canonical)
+    question_column, answer_column = "question", "answer"
 
     def encode(example: Mapping[str, Any]) -> dict[str, Any]:
         return tokenize_qa(tokenizer, example[question_column], example[answer_column], max_length)

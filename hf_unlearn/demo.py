@@ -7,45 +7,14 @@ import os
 import time
 from typing import Any
 
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset
 from tqdm.auto import tqdm
 
 from .config import UnlearnConfig
 from .data import build_qa_dataset, ensure_pad_token
-from .report import build_report, report_table, write_report
+from .loaders import load_records, offline_hint
+from .report import build_report, forget_quality_line, report_table, write_report
 from .trainer import UnlearnTrainer
-
-DATA_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-def load_records(name: str, subset: str | None = None, split: str = "train") -> Dataset:
-    """Load one split from a Hub id, a ``save_to_disk`` folder or a JSON/CSV/Parquet file."""
-    extension = os.path.splitext(name)[1].lower()
-    if os.path.isfile(name) and extension in DATA_FILE_FORMATS:
-        return load_dataset(DATA_FILE_FORMATS[extension], data_files=name, split="train")
-    if os.path.isdir(name) and (
-        os.path.exists(os.path.join(name, "dataset_info.json"))
-        or os.path.exists(os.path.join(name, "dataset_dict.json"))
-    ):
-        loaded = load_from_disk(name if subset is None else os.path.join(name, subset))
-        return loaded[split] if isinstance(loaded, DatasetDict) else loaded
-    try:
-        return load_dataset(name, subset, split=split)
-    except Exception as error:  # datasets raises several types for "not reachable"
-        raise RuntimeError(
-            _offline_hint(f"Could not load dataset {name!r} (subset {subset!r}, split {split!r})", error)
-        ) from error
-
-
-def _offline_hint(message: str, error: Exception) -> str:
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    hint = (
-        " HF_HUB_OFFLINE=1 is set, so only local files and the cache are used: download it once with network, "
-        "or pass a local path."
-        if offline
-        else " Check the name, your network connection and, for gated repos, `hf auth login`."
-    )
-    return f"{message}: {type(error).__name__}: {str(error).rstrip('.')}.{hint}"
 
 
 def load_model_and_tokenizer(
@@ -66,7 +35,7 @@ def load_model_and_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=trust_remote_code, dtype=dtype, **extra)
     except OSError as error:
-        raise RuntimeError(_offline_hint(f"Could not load model {name!r}", error)) from error
+        raise RuntimeError(offline_hint(f"Could not load model {name!r}", error)) from error
     except ValueError as error:
         raise ValueError(
             f"{name!r} cannot be loaded as a causal language model (AutoModelForCausalLM): {error}"
@@ -75,10 +44,24 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-def _evaluate(model: Any, tokenizer: Any, records: Dataset, name: str) -> dict:
-    from .metrics import evaluate_qa
+def _evaluate(
+    model: Any, tokenizer: Any, eval_sets: dict[str, Any], retain_only_truth_ratios: Any
+) -> tuple[dict[str, dict], dict[str, Any]]:
+    """Per-split metrics and the TOFU summary (forget quality, model utility, bound) from evaluate_unlearning."""
+    from .evaluation import evaluate_unlearning
 
-    return evaluate_qa(model, tokenizer, records, show_progress=True)
+    result = evaluate_unlearning(
+        model,
+        tokenizer,
+        eval_sets["forget"],
+        eval_sets.get("retain"),
+        retain_only_truth_ratios=retain_only_truth_ratios,
+        show_progress=True,
+    )
+    splits = {name: result[name] for name in eval_sets if name in result}
+    keys = ("forget_quality", "model_utility", "exact_reproduction_bound", "forget_truth_ratios")
+    summary = {key: result[key] for key in keys}
+    return splits, summary
 
 
 def unlearn_and_report(
@@ -93,22 +76,25 @@ def unlearn_and_report(
     max_length: int | None = None,
     extra: dict | None = None,
     peft_config: Any = None,
+    retain_only_truth_ratios: Any = None,
 ) -> dict:
-    """Measure, unlearn, measure again, and write report.json / report.md / training_curves.png."""
+    """Measure, unlearn, measure again, and write report.json / report.md / training_curves.png.
+
+    With ``retain_only_truth_ratios`` (a retain-only model's forget-set truth ratios) and records that carry
+    ``paraphrased_answer``/``perturbed_answer``, the report also has TOFU's forget quality before and after."""
     forget = build_qa_dataset(forget_records, tokenizer, question_column, answer_column, max_length)
     retain = (
         build_qa_dataset(retain_records, tokenizer, question_column, answer_column, max_length)
         if retain_records is not None
         else None
     )
-    eval_sets = {"forget": forget, "retain": retain}
+    eval_sets = {name: data for name, data in {"forget": forget, "retain": retain}.items() if data is not None}
+    summaries: dict[str, dict] = {}
     stages = tqdm(total=3 if evaluate else 1, desc="hf-unlearn", unit="stage", position=0)
     before: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring before")
-        before = {
-            name: _evaluate(model, tokenizer, data, f"before/{name}") for name, data in eval_sets.items() if data
-        }
+        before, summaries["before"] = _evaluate(model, tokenizer, eval_sets, retain_only_truth_ratios)
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = UnlearnTrainer(
@@ -124,15 +110,13 @@ def unlearn_and_report(
     after: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring after")
-        after = {
-            name: _evaluate(trainer.model, tokenizer, data, f"after/{name}")
-            for name, data in eval_sets.items()
-            if data
-        }
+        after, summaries["after"] = _evaluate(trainer.model, tokenizer, eval_sets, retain_only_truth_ratios)
         stages.update()
     stages.close()
     trainer.evaluation.update(before=before, after=after, **(extra or {}).get("datasets", {}))
     report = build_report(trainer, before, after, extra=extra)
+    if summaries:
+        report["tofu"] = summaries
     if config.quantization_check and trainer.is_world_process_zero():
         from .quantize import check_quantization_robustness, quantization_table
 
@@ -143,8 +127,13 @@ def unlearn_and_report(
         print("\nQuantization check:\n" + quantization_table(report["quantization"]))
     if trainer.is_world_process_zero():
         paths = write_report(report, config.output_dir)
+        if summaries.get("before") and summaries.get("after"):
+            paths.update(_plot_evaluation(report, retain_only_truth_ratios, config.output_dir))
         if evaluate:
             print("\n" + report_table(report))
+            sentence = forget_quality_line(report)
+            if sentence:
+                print(sentence)
         stop = f"stopped itself at step {report['stop_step']}" if report["stopped_early"] else "did not stop early"
         print(
             f"\n{config.method}: {stop} (max {report['max_steps']}), {report['wall_seconds']:.1f} s, "
@@ -154,9 +143,31 @@ def unlearn_and_report(
     return report
 
 
+def _plot_evaluation(report: dict, retain_only_truth_ratios: Any, output_dir: str) -> dict[str, str]:
+    """radar.png (TOFU's axes before vs after) and truth_ratios.png (forget-set truth ratios of the target, the
+    unlearned and the retain-only model)."""
+    from .plots import plot_radar, plot_truth_ratio_histogram
+
+    results = {
+        name: {"forget": report[name]["forget"], "model_utility": report["tofu"][name]["model_utility"]}
+        for name in ("before", "after")
+    }
+    paths = {"radar": plot_radar(results, os.path.join(output_dir, "radar.png"))}
+    ratios = {
+        "target (before)": report["tofu"]["before"]["forget_truth_ratios"],
+        "unlearned (after)": report["tofu"]["after"]["forget_truth_ratios"],
+    }
+    if retain_only_truth_ratios is not None:
+        ratios["retain-only model"] = list(retain_only_truth_ratios)
+    if ratios["target (before)"]:
+        paths["truth_ratios"] = plot_truth_ratio_histogram(ratios, os.path.join(output_dir, "truth_ratios.png"))
+    return paths
+
+
 def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
     """The README's main job: learn the embedded benchmark, then forget its forget split."""
     from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
+    from .evaluation import retain_only_truth_ratios
 
     start = time.perf_counter()
     model, tokenizer, learn_info = learn_target_model(
@@ -165,12 +176,15 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
     forget = load_split(demo_args.split)
     retain_name = retain_split_for(demo_args.split)
     retain = load_split(retain_name)
+    # TOFU's forget quality compares with a model that never saw the forget split (learned once, cached).
+    reference = retain_only_truth_ratios(demo_args.split, demo_args.cache_dir, demo_args.architecture)
     report = unlearn_and_report(
         model,
         tokenizer,
         config,
         forget,
         retain,
+        retain_only_truth_ratios=reference,
         extra={
             "benchmark": "fictitious_authors",
             "split": demo_args.split,
@@ -181,6 +195,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> dict:
             },
         },
     )
+    report["trainer"].save_model(config.output_dir)  # so `hf-unlearn eval --model OUTPUT_DIR` works
     report["demo_seconds"] = time.perf_counter() - start
     if report["trainer"].is_world_process_zero():
         path = os.path.join(config.output_dir, "report.json")

@@ -28,6 +28,9 @@ __all__ = [
     "evaluate_qa",
     "exact_match",
     "generate_answers",
+    "generate_continuations",
+    "normalized_probabilities",
+    "rouge_l_f1",
     "rouge_l_recall",
 ]
 
@@ -72,6 +75,23 @@ def generate_answers(
     EOS; only the new tokens are decoded, without special tokens, and stripped. The model is put in eval mode
     for the call and its training mode restored afterwards.
     """
+    prompts = [tokenize_prompt(tokenizer, q) for q in questions]
+    return generate_continuations(model, tokenizer, prompts, max_new_tokens, batch_size, show_progress)
+
+
+def generate_continuations(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    desc: str = "Generating answers",
+) -> list[str]:
+    """Greedy continuations of already tokenized prompts, in left-padded batches under ``inference_mode``.
+
+    Generation stops at EOS; the new tokens are decoded without special tokens and stripped.
+    """
     from transformers import GenerationConfig
 
     pad_id = _pad_token_id(tokenizer)
@@ -86,20 +106,13 @@ def generate_answers(
     )
     device = _device(model)
     was_training = model.training
-    padding_side = tokenizer.padding_side
     answers: list[str] = []
     model.eval()
-    tokenizer.padding_side = "left"
     try:
-        prompts = [tokenize_prompt(tokenizer, q) for q in questions]
-        batches = _batches(prompts, batch_size)
-        total = math.ceil(len(prompts) / batch_size)
+        total = math.ceil(len(prompt_ids) / batch_size)
         with torch.inference_mode():
-            for batch in _progress(batches, total, "Generating answers", show_progress):
-                if tokenizer.pad_token_id is None:
-                    padded = _left_pad(batch, pad_id)
-                else:
-                    padded = tokenizer.pad({"input_ids": list(batch)}, padding=True, return_tensors="pt")
+            for batch in _progress(_batches(prompt_ids, batch_size), total, desc, show_progress):
+                padded = _left_pad(batch, pad_id)
                 input_ids = padded["input_ids"].to(device)
                 attention_mask = padded["attention_mask"].to(device)
                 output = model.generate(
@@ -110,7 +123,6 @@ def generate_answers(
                         row = row[: row.index(eos_id)]
                     answers.append(tokenizer.decode(row, skip_special_tokens=True).strip())
     finally:
-        tokenizer.padding_side = padding_side
         model.train(was_training)
     return answers
 
@@ -177,8 +189,7 @@ def answer_probability(
 _ROUGE_SCORER: Any = None
 
 
-def rouge_l_recall(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
-    """ROUGE-L recall of each prediction against its reference (TOFU's "ROUGE"), with Porter stemming."""
+def _rouge_l(predictions: Sequence[str], references: Sequence[str], measure: str) -> list[float]:
     global _ROUGE_SCORER
     if len(predictions) != len(references):
         raise ValueError(f"Got {len(predictions)} predictions but {len(references)} references.")
@@ -186,7 +197,20 @@ def rouge_l_recall(predictions: Sequence[str], references: Sequence[str]) -> lis
         from rouge_score import rouge_scorer
 
         _ROUGE_SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    return [_ROUGE_SCORER.score(ref, pred)["rougeL"].recall for pred, ref in zip(predictions, references, strict=True)]
+    return [
+        getattr(_ROUGE_SCORER.score(ref, pred)["rougeL"], measure)
+        for pred, ref in zip(predictions, references, strict=True)
+    ]
+
+
+def rouge_l_recall(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L recall of each prediction against its reference (TOFU's "ROUGE"), with Porter stemming."""
+    return _rouge_l(predictions, references, "recall")
+
+
+def rouge_l_f1(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L F1 of each prediction against its reference (MUSE's VerbMem and KnowMem), with Porter stemming."""
+    return _rouge_l(predictions, references, "fmeasure")
 
 
 _TRAILING_PUNCTUATION = string.punctuation
@@ -213,7 +237,7 @@ def default_max_new_tokens(tokenizer: Any, answers: Iterable[str], margin: int =
     return longest + margin
 
 
-def _records(dataset_or_records: Any) -> list[Mapping[str, Any]]:
+def qa_records(dataset_or_records: Any) -> list[Mapping[str, Any]]:
     if hasattr(dataset_or_records, "column_names"):  # a datasets.Dataset
         columns = dataset_or_records.column_names
         if "question" not in columns or "answer" not in columns:
@@ -236,7 +260,7 @@ def evaluate_qa(
     to the longest tokenized answer plus a few tokens. Returns ``{"rouge_l_recall", "probability",
     "exact_match", "num_examples"}`` (the means are NaN when there is no example).
     """
-    records = _records(dataset_or_records)
+    records = qa_records(dataset_or_records)
     questions = [str(r["question"]) for r in records]
     answers = [str(r["answer"]) for r in records]
     if not records:
@@ -258,30 +282,49 @@ def evaluate_qa(
     }
 
 
-def truth_ratios(model: Any, tokenizer: Any, dataset_or_records: Any, batch_size: int = 32) -> list[float]:
+def _alternative_scores(
+    model: Any, tokenizer: Any, dataset_or_records: Any, base_key: str, batch_size: int, show_progress: bool
+) -> list[tuple[float, list[float]]]:
+    """Per record with ``base_key`` and ``perturbed_answer``: the mean token log-probability of the base answer
+    and of each perturbed answer, all scored in one batched pass."""
+    if hasattr(dataset_or_records, "column_names") and not {base_key, "perturbed_answer"} <= set(
+        dataset_or_records.column_names
+    ):
+        return []
+    records = [r for r in dataset_or_records if r.get(base_key) and r.get("perturbed_answer")]
+    questions, answers = [], []
+    for record in records:
+        for answer in [record[base_key], *record["perturbed_answer"]]:
+            questions.append(str(record["question"]))
+            answers.append(str(answer))
+    scored = iter(answer_log_probs(model, tokenizer, questions, answers, batch_size, show_progress))
+    result = []
+    for record in records:
+        base_total, base_count = next(scored)
+        perturbed = [total / max(count, 1) for total, count in (next(scored) for _ in record["perturbed_answer"])]
+        result.append((base_total / max(base_count, 1), perturbed))
+    return result
+
+
+def truth_ratios(
+    model: Any, tokenizer: Any, dataset_or_records: Any, batch_size: int = 32, show_progress: bool = False
+) -> list[float]:
     """Per question TOFU truth ratio ``P~(perturbed) / P~(paraphrased)`` (Maini et al. 2024, §2.5).
 
     ``P~(a) = exp(-mean token NLL of a)``; the perturbed answers are averaged in log space. Records need
-    ``question``, ``paraphrased_answer`` and ``perturbed_answer`` (a list of strings).
+    ``question``, ``paraphrased_answer`` and ``perturbed_answer`` (a list of strings); others are skipped.
     """
-    records = [r for r in dataset_or_records if r.get("paraphrased_answer") and r.get("perturbed_answer")]
-    questions, answers, owners = [], [], []
-    for index, record in enumerate(records):
-        for answer in [record["paraphrased_answer"], *record["perturbed_answer"]]:
-            questions.append(str(record["question"]))
-            answers.append(str(answer))
-            owners.append(index)
-    scored = answer_log_probs(model, tokenizer, questions, answers, batch_size)
-    paraphrased: dict[int, float] = {}
-    perturbed: dict[int, list[float]] = {}
-    cursor = 0
-    for index, record in enumerate(records):
-        total, count = scored[cursor]
-        paraphrased[index] = total / max(count, 1)
-        others = scored[cursor + 1 : cursor + 1 + len(record["perturbed_answer"])]
-        perturbed[index] = [s / max(c, 1) for s, c in others]
-        cursor += 1 + len(record["perturbed_answer"])
-    return [math.exp(sum(perturbed[i]) / len(perturbed[i]) - paraphrased[i]) for i in range(len(records))]
+    scores = _alternative_scores(model, tokenizer, dataset_or_records, "paraphrased_answer", batch_size, show_progress)
+    return [math.exp(sum(perturbed) / len(perturbed) - base) for base, perturbed in scores]
+
+
+def normalized_probabilities(
+    model: Any, tokenizer: Any, dataset_or_records: Any, batch_size: int = 32, show_progress: bool = False
+) -> list[float]:
+    """Per question ``P~(answer) / (P~(answer) + sum P~(perturbed))``: TOFU's "Prob" on the real-authors and
+    world-facts sets (Maini et al. 2024, §2.5), where the perturbed answers act as wrong options."""
+    scores = _alternative_scores(model, tokenizer, dataset_or_records, "answer", batch_size, show_progress)
+    return [1.0 / (1.0 + sum(math.exp(p - base) for p in perturbed)) for base, perturbed in scores]
 
 
 def forget_truth_ratio(ratios: Sequence[float]) -> float:

@@ -74,12 +74,25 @@ def report_table(report: dict) -> str:
     """Before/after table in Markdown (also what the CLI prints)."""
     lines = ["| split | metric | before | after | change |", "|---|---|---|---|---|"]
     for split in ("forget", "retain"):
-        for metric in METRICS:
+        if split not in report["before"] or split not in report["after"]:
+            continue
+        metrics = METRICS + (("truth_ratio",) if report["after"][split].get("truth_ratio") is not None else ())
+        for metric in metrics:
             before = report["before"][split].get(metric)
             after = report["after"][split].get(metric)
             change = None if before is None or after is None else after - before
             lines.append(f"| {split} | {metric} | {_fmt(before)} | {_fmt(after)} | {_fmt(change)} |")
     return "\n".join(lines)
+
+
+def forget_quality_line(report: dict) -> str | None:
+    """The report's one line on TOFU forget quality before vs after, when it was measured."""
+    from .evaluation import forget_quality_sentence
+
+    tofu = report.get("tofu") or {}
+    return forget_quality_sentence(
+        (tofu.get("before") or {}).get("forget_quality"), (tofu.get("after") or {}).get("forget_quality")
+    )
 
 
 def report_markdown(report: dict) -> str:
@@ -100,6 +113,8 @@ def report_markdown(report: dict) -> str:
         f"{_fmt(report['after'].get('forget', {}).get('exact_match'))}.",
         "",
     ]
+    if forget_quality_line(report):
+        summary.insert(-1, f"- {forget_quality_line(report)}")
     if report["before"] and report["after"]:
         summary += [report_table(report), ""]
     return "\n".join(summary)

@@ -9,7 +9,7 @@ from datasets import Dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.cli import main
 from hf_unlearn.data import tokenize_qa
-from hf_unlearn.demo import load_records
+from hf_unlearn.loaders import load_records
 
 REPORT_KEYS = {
     "method",
@@ -129,3 +129,11 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     assert after["retain"]["rouge_l_recall"] >= 0.9 * before["retain"]["rouge_l_recall"]
     assert report["exact_reproduction_bound"] < 0.5
     assert (out / "training_curves.png").stat().st_size > 10_000
+    # TOFU forget quality: the unlearned model is closer to the retain-only model than the target was.
+    tofu = report["tofu"]
+    assert tofu["after"]["forget_quality"] > tofu["before"]["forget_quality"]
+    assert (
+        "Forget quality" in (out / "report.md").read_text()
+        and "higher than the target" in (out / "report.md").read_text()
+    )
+    assert (out / "model.safetensors").is_file()  # so `hf-unlearn eval --model OUT` works

@@ -42,7 +42,8 @@ def test_build_qa_dataset_names_missing_columns_and_rejects_long_examples(tokeni
     with pytest.raises(ValueError, match="Column 'question' not found.*question_column"):
         build_qa_dataset(data, tokenizer)
     built = build_qa_dataset(data, tokenizer, question_column="prompt", answer_column="response")
-    assert {"input_ids", "labels", "prompt"} <= set(built.column_names)
+    assert {"input_ids", "labels", "question", "answer"} <= set(built.column_names)  # renamed for evaluation
+    assert built[0]["question"] == "q" and "prompt" not in built.column_names
     with pytest.raises(ValueError, match="more than max_length=3"):
         build_qa_dataset(data, tokenizer, question_column="prompt", answer_column="response", max_length=3)
 

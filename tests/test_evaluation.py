@@ -1,5 +1,8 @@
 """TOFU-style aggregate metrics against scipy and hand values, and the bound against the trainer's."""
 
+import json
+import math
+
 import pytest
 from scipy.stats import ks_2samp
 
@@ -42,16 +45,33 @@ def test_evaluate_unlearning_reports_every_axis():
     assert result["forget"]["num_examples"] == 5 and result["retain"]["num_examples"] == 5
 
 
+def test_normalized_probability_is_a_share_of_the_options():
+    from hf_unlearn.metrics import answer_log_probs, normalized_probabilities
+
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=1, num_heads=2)
+    record = {"question": "Capital of France?", "answer": "Paris", "perturbed_answer": ["Rome", "Oslo berg"]}
+    (value,) = normalized_probabilities(model, tokenizer, [record])
+    scored = answer_log_probs(model, tokenizer, [record["question"]] * 3, ["Paris", "Rome", "Oslo berg"])
+    p = [math.exp(total / count) for total, count in scored]
+    assert value == pytest.approx(p[0] / sum(p), rel=1e-5)
+
+
 @pytest.mark.slow
 def test_eval_command_on_the_embedded_benchmark(tmp_path):
+    """TOFU and MUSE views of the embedded benchmark: the target model has memorised the forget set, which
+    the retain-only model (the reference) has not."""
     from hf_unlearn.benchmarks import learn_target_model
     from hf_unlearn.cli import main
 
     _, _, info = learn_target_model(show_progress=False)
     main(["eval", "--model", info["path"], "--split", "forget10", "--output_dir", str(tmp_path)])
-    import json
-
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["forget"]["rouge_l_recall"] > 0.9 and len(result["forget_truth_ratios"]) == 20
-    assert 0 <= result["forget_quality"] <= 1 and result["exact_reproduction_bound"] > 0.5
-    assert "Forget quality" in (tmp_path / "eval.md").read_text()
+    assert 0 <= result["forget_quality"] < 0.05 and result["exact_reproduction_bound"] > 0.5
+    assert result["retain"]["truth_ratio"] > 0.2 and result["model_utility"] > 0.5  # paraphrases informative
+    muse = result["muse"]
+    assert muse["knowmem_forget"] > 0.9 and muse["verbmem_forget"] > 0.8 and muse["knowmem_retain"] > 0.9
+    assert muse["auc"]["min_k"] > 0.65 and muse["privleak"]["min_k"] > 20  # the target leaks membership
+    assert "Forget quality" in (tmp_path / "eval.md").read_text() and "PrivLeak" in (tmp_path / "eval.md").read_text()
+    assert (tmp_path / "radar.png").stat().st_size > 10_000 and (tmp_path / "truth_ratios.png").is_file()

@@ -47,6 +47,7 @@ def test_record_shape(records):
         assert r["paraphrased_answer"] != r["answer"]
         assert len(r["perturbed_answer"]) == 3 and len(set(r["perturbed_answer"])) == 3
         assert r["answer"] not in r["perturbed_answer"]
+        assert r["paraphrased_answer"] not in r["perturbed_answer"]
         assert r["is_holdout"] == (r["author_index"] >= 40)
     authors = {}
     for r in records:

@@ -54,9 +54,11 @@ __all__ = [
     "retain_split_for",
     "tiny_model",
     "tiny_model_config",
+    "tokenizer_corpus",
 ]
 
-#: Bumped whenever the generator, tokenizer, model or learning recipe changes, so caches are not reused.
+#: Bumped whenever what the target model learns from changes (tokenizer corpus, learned records, model, recipe),
+#: so caches are not reused. The perturbed answers are not learned, so they are not part of it.
 BENCHMARK_VERSION = "1"
 
 PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
@@ -438,7 +440,12 @@ def _fill(template: str, name: str, value: str) -> str:
 
 
 def generate_benchmark(
-    num_authors: int = 40, questions_per_author: int = 5, num_holdout_authors: int = 4, seed: int = 0
+    num_authors: int = 40,
+    questions_per_author: int = 5,
+    num_holdout_authors: int = 4,
+    seed: int = 0,
+    *,
+    perturbed_template: str = "paraphrase",
 ) -> list[dict[str, Any]]:
     """Generate the benchmark records, deterministically from ``seed``.
 
@@ -449,8 +456,11 @@ def generate_benchmark(
     their records do not depend on ``num_holdout_authors``.
 
     Each record is ``{"author", "author_index", "question", "answer", "paraphrased_answer",
-    "perturbed_answer", "is_holdout"}``, where ``perturbed_answer`` is a list of 3 answers with the same
-    template as ``answer`` but wrong attribute values (as in TOFU).
+    "perturbed_answer", "is_holdout"}``, where ``perturbed_answer`` is a list of 3 answers with the template of
+    ``paraphrased_answer`` but wrong attribute values: TOFU's perturbed answers keep the paraphrase's template
+    and change the fact (Maini et al. 2024, §2.5), so the truth ratio compares a true and a false statement of
+    the same form, neither of them the memorised wording. ``perturbed_template="answer"`` fills the
+    ``answer`` template instead (the first version of this benchmark; its text is still the tokenizer's corpus).
     """
     if num_authors < 1:
         raise ValueError(f"num_authors must be at least 1, got {num_authors}.")
@@ -461,6 +471,8 @@ def generate_benchmark(
             f"questions_per_author must be between 1 and {len(_ATTRIBUTES)} (the number of distinct attributes), "
             f"got {questions_per_author}."
         )
+    if perturbed_template not in ("paraphrase", "answer"):
+        raise ValueError(f"perturbed_template must be 'paraphrase' or 'answer', got {perturbed_template!r}.")
     rng = random.Random(seed)
     taken: set[str] = set()
     records: list[dict[str, Any]] = []
@@ -482,7 +494,9 @@ def generate_benchmark(
                     "question": _fill(question, name, value),
                     "answer": _fill(answer, name, value),
                     "paraphrased_answer": _fill(paraphrase, name, value),
-                    "perturbed_answer": [_fill(answer, name, w) for w in wrong],
+                    "perturbed_answer": [
+                        _fill(paraphrase if perturbed_template == "paraphrase" else answer, name, w) for w in wrong
+                    ],
                     "is_holdout": index >= num_authors,
                 }
             )
@@ -552,6 +566,13 @@ def _benchmark_texts(records: Sequence[Mapping[str, Any]]) -> list[str]:
     return texts
 
 
+def tokenizer_corpus(**generate_kwargs: Any) -> list[dict[str, Any]]:
+    """The records the benchmark's tokenizer is trained on: the benchmark with its first version's perturbed
+    answers (the ``answer`` template), so that the tokenizer, hence the cached target model and every figure
+    measured on it, did not change when the perturbed answers moved to the paraphrase template."""
+    return generate_benchmark(**generate_kwargs, perturbed_template="answer")
+
+
 def build_tokenizer(
     records: Sequence[Mapping[str, Any]] | None = None, vocab_size: int = 1024
 ) -> PreTrainedTokenizerFast:
@@ -562,7 +583,7 @@ def build_tokenizer(
     prompt. Byte-level, so any text encodes, and decoding gives the text back exactly.
     """
     if records is None:
-        records = generate_benchmark()
+        records = tokenizer_corpus()
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -832,7 +853,14 @@ def learn_target_model(
         )
         kept_authors = set(kept["author_index"])
         learned = [r for r in learned if r["author_index"] in kept_authors]
-    tokenizer = build_tokenizer(records)
+    tokenizer = build_tokenizer(
+        tokenizer_corpus(
+            num_authors=num_authors,
+            questions_per_author=questions_per_author,
+            num_holdout_authors=num_holdout_authors,
+            seed=benchmark_seed,
+        )
+    )
     model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
     longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
     if longest > model.config.max_position_embeddings:

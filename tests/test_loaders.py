@@ -1,0 +1,145 @@
+"""The TOFU and MUSE loaders, offline, on local copies laid out like the Hub repositories (same configs, splits
+and column names), then `hf-unlearn eval` end to end on them."""
+
+import json
+
+import pytest
+
+from hf_unlearn.benchmarks import build_tokenizer, tiny_model
+from hf_unlearn.loaders import COLUMN_MAPPING, map_columns, muse_evaluation_sets, tofu_evaluation_sets
+
+TOFU_ROW = {
+    "question": "What genre does Basil Mahfouz Al-Kuwaiti write in?",
+    "answer": "He writes French literature.",
+    "paraphrased_answer": "His books are French literature.",
+    "paraphrased_question": "In which genre does he write?",
+    "perturbed_answer": ["His books are crime novels.", "His books are poetry.", "His books are horror."],
+}
+REAL_AUTHOR_ROW = {
+    "question": "Who wrote 'Pride and Prejudice'?",
+    "answer": "Jane Austen",
+    "perturbed_answer": ["Charles Dickens", "Mark Twain", "Leo Tolstoy"],
+}
+
+
+def _write_repo(root, configs: dict[str, dict[str, list[dict]]]) -> str:
+    """A dataset repository folder: one JSON-lines file per config and split, and a README whose YAML
+    ``configs`` section maps them, as on the Hub."""
+    lines = ["---", "configs:"]
+    for config, splits in configs.items():
+        lines += [f"- config_name: {config}", "  data_files:"]
+        for split, rows in splits.items():
+            path = root / config / f"{split}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            lines += [f"  - split: {split}", f"    path: {config}/{split}.jsonl"]
+    lines += ["---", ""]
+    (root / "README.md").write_text("\n".join(lines))
+    return str(root)
+
+
+@pytest.fixture
+def tofu_repo(tmp_path):
+    perturbed = [dict(TOFU_ROW, question=f"{TOFU_ROW['question']} ({i})") for i in range(3)]
+    return _write_repo(
+        tmp_path / "TOFU",
+        {
+            "forget10_perturbed": {"train": perturbed},
+            "retain_perturbed": {"train": perturbed},
+            "real_authors_perturbed": {"train": [REAL_AUTHOR_ROW] * 2},
+            "world_facts_perturbed": {"train": [dict(REAL_AUTHOR_ROW, question="Capital of France?")]},
+        },
+    )
+
+
+@pytest.fixture
+def muse_repo(tmp_path):
+    qa = [{"question": "Who won?", "answer": "The home team."}] * 3
+    texts = [{"text": f"A news article number {i} about the local election and its results."} for i in range(4)]
+    return _write_repo(
+        tmp_path / "MUSE-News",
+        {
+            "verbmem": {"forget": [{"prompt": "The minister said that", "gt": "taxes would rise."}] * 2},
+            "knowmem": {"forget_qa": qa, "retain_qa": qa, "forget_qa_icl": qa[:1], "retain_qa_icl": qa[:1]},
+            "privleak": {"forget": texts, "retain": texts, "holdout": texts[::-1]},
+        },
+    )
+
+
+def test_tofu_sets_get_hf_unlearn_columns(tofu_repo):
+    sets = tofu_evaluation_sets("forget10", tofu_repo)
+    assert set(sets) == {"forget", "retain", "real_authors", "world_facts"}
+    forget = sets["forget"]
+    assert set(forget.column_names) == set(COLUMN_MAPPING["tofu_qa"].values())
+    assert forget[0]["perturbed_answer"] == TOFU_ROW["perturbed_answer"] and len(forget) == 3
+    # Real authors have no paraphrase: TOFU compares the perturbed answers with the answer itself.
+    assert sets["real_authors"][0]["paraphrased_answer"] == "Jane Austen"
+    with pytest.raises(ValueError, match="forget01, forget05, forget10"):
+        tofu_evaluation_sets("forget20", tofu_repo)
+
+
+def test_muse_sets_rename_gt_to_continuation(muse_repo):
+    sets = muse_evaluation_sets("muse_news", muse_repo)
+    assert sets["verbmem"].column_names == ["prompt", "continuation"]
+    assert sets["verbmem"][0]["continuation"] == "taxes would rise."
+    assert len(sets["privleak_holdout"]) == 4 and sets["knowmem_forget_icl"].num_rows == 1
+    with pytest.raises(ValueError, match="muse_news"):
+        muse_evaluation_sets("muse_movies", muse_repo)
+
+
+def test_missing_column_names_what_is_expected():
+    from datasets import Dataset
+
+    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['gt'\]"):
+        map_columns(Dataset.from_dict({"prompt": ["x"], "answer": ["y"]}), "muse_verbmem")
+
+
+def test_hub_id_offline_names_the_dataset(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="Could not load dataset 'nobody/TOFU-copy'.*HF_HUB_OFFLINE=1"):
+        tofu_evaluation_sets("forget10", "nobody/TOFU-copy")
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path):
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "qwen2", hidden_size=32, num_layers=1, num_heads=2)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    return str(tmp_path / "model")
+
+
+def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_dir, tmp_path):
+    from hf_unlearn.cli import main
+
+    out = tmp_path / "tofu_eval"
+    main(
+        [
+            "eval",
+            "--model",
+            tiny_model_dir,
+            "--benchmark",
+            "tofu",
+            "--dataset_path",
+            tofu_repo,
+            "--output_dir",
+            str(out),
+        ]
+    )
+    result = json.loads((out / "eval.json").read_text())
+    assert {"forget", "retain", "real_authors", "world_facts"} <= result.keys()
+    assert 0 < result["real_authors"]["probability"] < 1  # normalised over the 4 options
+    assert result["model_utility"] is not None and result["forget_quality"] is None  # no reference given
+    assert (out / "radar.png").stat().st_size > 0 and (out / "truth_ratios.png").stat().st_size > 0
+
+    # A saved eval of a "retrained" model as the reference gives forget quality and PrivLeak.
+    muse_out = tmp_path / "muse_eval"
+    main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
+          "--output_dir", str(muse_out)])  # fmt: skip
+    muse = json.loads((muse_out / "eval.json").read_text())["muse"]
+    assert {"verbmem_forget", "knowmem_forget", "knowmem_retain", "auc"} <= muse.keys() and muse["privleak"] is None
+    again = tmp_path / "muse_again"
+    main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
+          "--reference_eval", str(muse_out / "eval.json"), "--output_dir", str(again)])  # fmt: skip
+    assert json.loads((again / "eval.json").read_text())["muse"]["privleak"] == {"min_k": 0.0, "min_k_plus_plus": 0.0}
+    assert "PrivLeak, min_k" in (again / "eval.md").read_text()
