@@ -42,6 +42,20 @@ def _batches(items: Sequence[Any], batch_size: int) -> Iterable[Sequence[Any]]:
         yield items[start : start + batch_size]
 
 
+def _by_length(items: Sequence[Any], length: Any = len) -> tuple[list[Any], list[int]]:
+    """``items`` sorted by length (so a batch pads little) and the permutation that sorted them; results computed
+    in sorted order go back with :func:`_restore_order`."""
+    order = sorted(range(len(items)), key=lambda i: length(items[i]))
+    return [items[i] for i in order], order
+
+
+def _restore_order(results: Sequence[Any], order: Sequence[int]) -> list[Any]:
+    restored: list[Any] = [None] * len(order)
+    for position, index in enumerate(order):
+        restored[index] = results[position]
+    return restored
+
+
 def _progress(iterable: Iterable[Any], total: int, desc: str, show: bool) -> Iterable[Any]:
     if not show:
         return iterable
@@ -107,6 +121,7 @@ def generate_continuations(
     device = _device(model)
     was_training = model.training
     answers: list[str] = []
+    prompt_ids, order = _by_length(prompt_ids)
     model.eval()
     try:
         total = math.ceil(len(prompt_ids) / batch_size)
@@ -124,7 +139,7 @@ def generate_continuations(
                     answers.append(tokenizer.decode(row, skip_special_tokens=True).strip())
     finally:
         model.train(was_training)
-    return answers
+    return _restore_order(answers, order)
 
 
 def _left_pad(batch: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -152,8 +167,12 @@ def answer_log_probs(
         raise ValueError(f"Got {len(questions)} questions but {len(answers)} answers.")
     pad_id = _pad_token_id(tokenizer)
     device = _device(model)
-    examples = [tokenize_qa(tokenizer, q, a) for q, a in zip(questions, answers, strict=True)]
+    examples, order = _by_length(
+        [tokenize_qa(tokenizer, q, a) for q, a in zip(questions, answers, strict=True)],
+        lambda example: len(example["input_ids"]),
+    )
     results: list[tuple[float, int]] = []
+    keep_supported = _accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
     try:
@@ -161,14 +180,32 @@ def answer_log_probs(
         with torch.inference_mode():
             for batch in _progress(_batches(examples, batch_size), total, "Scoring answers", show_progress):
                 padded = {k: v.to(device) for k, v in pad_examples(batch, pad_id).items()}
-                logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
-                log_probs, mask = token_log_probs(logits, padded["labels"])
+                labels = padded["labels"]
+                extra = {}
+                if keep_supported:
+                    # The LM head only where an answer token is predicted: from the earliest answer start on.
+                    first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
+                    labels = labels[:, max(first, 0) :]
+                    extra["logits_to_keep"] = labels.shape[1]
+                logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
+                log_probs, mask = token_log_probs(logits, labels)
                 sums = log_probs.sum(dim=-1)
                 counts = mask.sum(dim=-1)
                 results.extend(zip(sums.tolist(), counts.tolist(), strict=True))
     finally:
         model.train(was_training)
-    return results
+    return _restore_order(results, order)
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def answer_probability(
