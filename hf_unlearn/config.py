@@ -208,6 +208,14 @@ class UnlearnConfig(TrainingArguments):
             # Under torchrun on a machine without an accelerator, TrainingArguments would otherwise start every
             # process as its own single-process run (each training alone, each writing the report).
             self.use_cpu = True
+        for option in ("fsdp", "deepspeed"):
+            # Checked before TrainingArguments sets up either backend, so the message names the real conflict.
+            if self.gradient_surgery != "sum" and getattr(self, option):
+                raise ValueError(
+                    f"gradient_surgery={self.gradient_surgery!r} cannot run with {option}: it needs each "
+                    f"parameter's full forget and retain gradient on every process, and {option} shards gradients. "
+                    "Use DDP (plain `accelerate launch` or torchrun), or gradient_surgery='sum'."
+                )
         super().__post_init__()
         if self.method not in METHODS:
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")

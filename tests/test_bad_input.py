@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import make_example, make_tiny_model
+from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 
@@ -127,3 +128,43 @@ def test_checkpoints_are_safetensors(tmp_path):
     trainer.train()
     files = {p.name for p in (tmp_path / "checkpoint-3").iterdir()}
     assert "model.safetensors" in files and "pytorch_model.bin" not in files
+
+
+class _DivergeAfter(TrainerCallback):
+    """Simulates a run that diverges: after optimizer step ``step`` a weight becomes NaN."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.model.embed_tokens.weight.fill_(float("nan"))
+
+
+def test_divergence_mid_run_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    from safetensors.torch import load_file
+
+    trainer = build(
+        tmp_path, max_steps=8, save_strategy="steps", save_steps=3, probe_interval=0, stop_on_violation=False
+    )
+    trainer.add_callback(_DivergeAfter(4))
+    with pytest.raises(FloatingPointError, match=r"is nan at step 5"):
+        trainer.train()
+    checkpoints = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert checkpoints == ["checkpoint-3"]  # nothing written after the divergence
+    weights = load_file(tmp_path / "checkpoint-3" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())
+    resumed = build(tmp_path, max_steps=6, save_strategy="no", probe_interval=0, stop_on_violation=False)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert resumed.state.global_step == 6
+    assert all(torch.isfinite(p).all() for p in resumed.model.parameters())
+
+
+@pytest.mark.parametrize(
+    "option", [{"fsdp": "full_shard"}, {"deepspeed": {"zero_optimization": {"stage": 2}}}], ids=["fsdp", "deepspeed"]
+)
+def test_gradient_surgery_with_sharded_gradients_is_refused_at_configuration(tmp_path, option):
+    name = next(iter(option))
+    with pytest.raises(ValueError, match=rf"gradient_surgery='sago' cannot run with {name}"):
+        args(tmp_path, gradient_surgery="sago", **option)
