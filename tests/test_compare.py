@@ -57,3 +57,16 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
     assert result["methods"]["masc"]["stopped_early"]
     assert "| masc |" in (out / "compare.md").read_text()
     assert (out / "compare.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
+    out = tmp_path / "cmp"
+    main(["compare", "--methods", "ga", "--learning_rates", "1e-3", "--epochs", "1", "--retain_eval_size", "10",
+          "--lora_r", "4", "--output_dir", str(out)])  # fmt: skip
+    result = json.loads((out / "compare.json").read_text())
+    assert result["lora_r"] == 4 and set(result["methods"]) == {"masc", "ga"}
+    # With LoRA on the tiny model, MASC still moves the forget set (the adapter is what trains).
+    assert (
+        result["methods"]["masc"]["forget"]["probability"] < 0.5 * result["target"]["before"]["forget"]["probability"]
+    )

@@ -1,5 +1,5 @@
-"""Two CPU processes (torchrun, gloo) must stop at the same step and end with the weights of one process
-trained on the same global batch."""
+"""Two CPU processes (torchrun or `accelerate launch`, gloo) must stop at the same step and end with the weights
+of one process trained on the same global batch."""
 
 import json
 import os
@@ -13,14 +13,19 @@ from safetensors.torch import load_file
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def launch(out_dir, processes, surgery, global_batch=4):
+LAUNCHERS = {
+    "torchrun": lambda n: ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"],
+    # accelerate's multi-GPU launcher is torch.distributed.run underneath; on a CPU-only machine it runs gloo.
+    "accelerate": lambda n: ["-m", "accelerate.commands.launch", "--multi_gpu", f"--num_processes={n}",
+                             "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no"],
+}  # fmt: skip
+
+
+def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun"):
     os.makedirs(out_dir, exist_ok=True)
     command = [
         sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={processes}",
+        *LAUNCHERS[launcher](processes),
         os.path.join(HERE, "distributed_job.py"),
         str(out_dir),
         surgery,
@@ -37,9 +42,9 @@ def launch(out_dir, processes, surgery, global_batch=4):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("surgery", ["sum", "sago"])
-def test_two_processes_match_one_process(tmp_path, surgery):
-    two = launch(tmp_path / "two", 2, surgery)
+@pytest.mark.parametrize(("surgery", "launcher"), [("sum", "torchrun"), ("sago", "torchrun"), ("sum", "accelerate")])
+def test_two_processes_match_one_process(tmp_path, surgery, launcher):
+    two = launch(tmp_path / "two", 2, surgery, launcher=launcher)
     ((one_result, one_weights),) = launch(tmp_path / "one", 1, surgery)
     (rank0, weights0), (rank1, weights1) = two
     assert rank0["stop_step"] is not None, rank0["history"]
@@ -56,3 +61,28 @@ def test_two_processes_match_one_process(tmp_path, surgery):
             close = torch.isclose(weights0[name], tensor, rtol=1e-4, atol=1e-5)
             assert close.float().mean() > 0.999, name
             assert (weights0[name] - tensor).abs().max() < 4 * 3e-3, name
+
+
+@pytest.mark.slow
+def test_cli_under_accelerate_launch_reports_once(tmp_path):
+    """`accelerate launch -m hf_unlearn.cli run ...` on a CPU-only machine: both processes train (use_cpu is
+    switched on by itself), the main process alone writes the report and says so once."""
+    from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+
+    tokenizer = build_tokenizer()
+    tiny_model(tokenizer, "gpt2", hidden_size=32, num_layers=1, num_heads=2).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    load_split("forget05").to_json(tmp_path / "forget.json")
+    load_split("retain95").select(range(20)).to_json(tmp_path / "retain.jsonl")
+    command = [sys.executable, *LAUNCHERS["accelerate"](2), "-m", "hf_unlearn.cli", "run",
+               "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "forget.json"),
+               "--retain_dataset_name", str(tmp_path / "retain.jsonl"), "--output_dir", str(tmp_path / "out"),
+               "--max_steps", "4", "--probe_interval", "2", "--report_to", "none",
+               "--learning_rate", "1e-3"]  # fmt: skip
+    completed = subprocess.run(
+        command, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=600
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert (completed.stdout + completed.stderr).count("Written:") == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["stop_step"] <= 4 and (tmp_path / "out" / "model.safetensors").is_file()

@@ -202,3 +202,15 @@ def test_learn_target_model_reaches_target_and_caches(tmp_path):
 
     _, _, other = learn_target_model(**{**kwargs, "max_epochs": 1})  # another setting, another cache entry
     assert not other["cached"] and other["path"] != info["path"]
+
+
+def test_learning_through_lora_saves_a_merged_plain_model(tmp_path):
+    kwargs = dict(cache_dir=tmp_path, num_authors=4, max_epochs=2, target_exact_match=0.0, show_progress=False)
+    small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
+    plain, _, plain_info = learn_target_model(**kwargs, model_kwargs=small)
+    merged, _, info = learn_target_model(**kwargs, model_kwargs=small, lora_r=4, learning_rate=1e-2)
+    assert info["settings"]["lora_r"] == 4 and "lora_r" not in plain_info["settings"]
+    assert not hasattr(merged, "peft_config") and type(merged) is type(plain)  # no adapter left to carry around
+    assert not any("lora" in name for name in merged.state_dict())
+    with pytest.raises(ValueError, match="Unknown base_model 'gpt9'; available: smollm2"):
+        learn_target_model(**kwargs, base_model="gpt9")
