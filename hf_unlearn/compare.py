@@ -67,6 +67,10 @@ class CompareArguments:
     learn_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of the learn stage (default: 3e-3 tiny model, 1e-3 LoRA)."}
     )
+    learn_max_epochs: int = field(default=60, metadata={"help": "Epoch cap of the learn stage."})
+    learn_exact_match: float = field(
+        default=0.95, metadata={"help": "The learn stage stops once greedy exact match on the learned QA is this."}
+    )
 
 
 class _EpochEvaluator(TrainerCallback):
@@ -109,6 +113,8 @@ def run_compare(cli: CompareArguments) -> dict:
         lora_r=cli.lora_r if cli.base_model else 0,
         num_authors=cli.num_authors,
         learning_rate=learn_lr,
+        max_epochs=cli.learn_max_epochs,
+        target_exact_match=cli.learn_exact_match,
     )
     state = {k: v.clone() for k, v in target_model.state_dict().items()}
     forget_records = load_split(cli.split, num_authors=cli.num_authors)

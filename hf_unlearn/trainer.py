@@ -273,6 +273,9 @@ class UnlearnTrainer(Trainer):
                 refusal_example(processing_class, example, args.refusal_answers[i % len(args.refusal_answers)])
                 for i, example in enumerate(forget_train)
             ]
+        # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
+        self.forget_records = train_dataset
+        self.retain_records = retain_dataset
         paired = ForgetRetainDataset(
             forget_train,
             retain_dataset if self.retain_objective is not None else None,
@@ -285,6 +288,9 @@ class UnlearnTrainer(Trainer):
         self.pad_token_id = pad_id
         collator = ForgetRetainCollator(pad_id, inner=data_collator)
 
+        if args.eval_strategy != "no" and kwargs.get("eval_dataset") is None:
+            # Trainer insists on an eval_dataset for eval_strategy; evaluate() measures the forget and retain sets.
+            kwargs["eval_dataset"] = train_dataset
         super().__init__(
             model=model,
             args=args,
@@ -526,6 +532,50 @@ class UnlearnTrainer(Trainer):
         holder = [measured]
         broadcast_object_list(holder, from_process=0)
         return holder[0]
+
+    def evaluate(
+        self,
+        eval_dataset: Any = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+        retain_only_truth_ratios: Sequence[float] | None = None,
+    ) -> dict[str, float]:
+        """Unlearning metrics of the current model, through :func:`hf_unlearn.evaluation.evaluate_unlearning` (the
+        code path of ``hf-unlearn eval`` and the demo): ROUGE-L, Prob, exact match and truth ratio on the forget
+        and retain sets, model utility, the exact-reproduction bound and, given the retain-only model's forget
+        truth ratios, forget quality. ``eval_dataset`` (a retain-like set, or a dict of them) adds sets that count
+        towards model utility. Called by Trainer for ``eval_strategy``; logged as ``eval_forget_rouge_l_recall`` etc.
+        """
+        from .evaluation import evaluate_unlearning
+
+        for name, records in (("forget", self.forget_records), ("retain", self.retain_records)):
+            if records is not None and "question" not in getattr(records, "column_names", records[0]):
+                raise ValueError(
+                    f"evaluate() reads the {name} set's question and answer columns, which it does not have; "
+                    "build it with hf_unlearn.build_qa_dataset, which keeps them."
+                )
+        if eval_dataset is None and self.eval_dataset is not self.forget_records:
+            eval_dataset = self.eval_dataset
+        extra = eval_dataset if isinstance(eval_dataset, dict) else {"eval": eval_dataset} if eval_dataset else None
+        result = evaluate_unlearning(
+            self.model,
+            self.processing_class,
+            self.forget_records,
+            self.retain_records,
+            retain_only_truth_ratios=retain_only_truth_ratios,
+            extra_retain_sets=extra,
+            k=self.args.masc_k,
+            rho=self.args.masc_rho,
+        )
+        metrics: dict[str, float] = {}
+        for name, value in result.items():
+            if isinstance(value, dict):
+                metrics.update({f"{metric_key_prefix}_{name}_{k}": v for k, v in value.items() if v is not None})
+            elif isinstance(value, (int, float)) and value is not None:
+                metrics[f"{metric_key_prefix}_{name}"] = value
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
 
     def exact_reproduction_bound(self, examples: Sequence[Mapping[str, Any]] | None = None) -> dict[str, float]:
         """MASC Proposition 1 on ``examples`` (default: the trained forget examples), at beta = 1."""

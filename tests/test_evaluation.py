@@ -75,3 +75,32 @@ def test_eval_command_on_the_embedded_benchmark(tmp_path):
     assert muse["auc"]["min_k"] > 0.65 and muse["privleak"]["min_k"] > 20  # the target leaks membership
     assert "Forget quality" in (tmp_path / "eval.md").read_text() and "PrivLeak" in (tmp_path / "eval.md").read_text()
     assert (tmp_path / "radar.png").stat().st_size > 10_000 and (tmp_path / "truth_ratios.png").is_file()
+
+
+def test_trainer_evaluate_runs_the_same_evaluation_during_training(tmp_path):
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=1, num_heads=2)
+    forget = build_qa_dataset(load_split("forget01"), tokenizer)
+    retain = build_qa_dataset(load_split("retain99").select(range(8)), tokenizer)
+    args = UnlearnConfig(
+        output_dir=str(tmp_path), report_to="none", use_cpu=True, max_steps=4, eval_strategy="steps", eval_steps=2,
+        probe_interval=0, stop_on_violation=False, save_strategy="no",
+    )  # fmt: skip
+    trainer = UnlearnTrainer(model, args, forget, retain, processing_class=tokenizer)
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "eval_forget_rouge_l_recall" in entry]
+    assert [entry["step"] for entry in logged] == [2, 4]
+    metrics = trainer.evaluate()
+    expected = evaluate_unlearning(trainer.model, tokenizer, forget, retain)
+    assert metrics["eval_forget_probability"] == pytest.approx(expected["forget"]["probability"])
+    assert metrics["eval_model_utility"] == pytest.approx(expected["model_utility"])
+    assert "eval_exact_reproduction_bound" in metrics and "eval_retain_truth_ratio" in metrics
+
+
+def test_trainer_evaluate_names_missing_question_columns(tmp_path):
+    from conftest import make_example, make_tiny_model
+
+    args = UnlearnConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, retain_loss="none")
+    trainer = UnlearnTrainer(make_tiny_model(), args, [make_example(i) for i in range(4)])
+    with pytest.raises(ValueError, match="question and answer columns.*build_qa_dataset"):
+        trainer.evaluate()
