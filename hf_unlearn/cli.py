@@ -191,6 +191,13 @@ class EvalArguments:
             "quality and PrivLeak. On the embedded benchmark it is learned automatically."
         },
     )
+    reference_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "The model trained without the forget set, as a folder or Hub id: evaluated first (its eval is "
+            "written to reference_eval.json) and used like --reference_eval."
+        },
+    )
     compare_with: list[str] = field(
         default_factory=list, metadata={"help": "Other eval.json files to draw on the radar chart (NAME=PATH)."}
     )
@@ -210,9 +217,21 @@ def eval_main(argv: list[str]) -> dict:
     (cli,) = _parse((EvalArguments,), argv)
     model, tokenizer = load_model_and_tokenizer(cli.model, cli.trust_remote_code)
     reference = None
+    if cli.reference_eval and cli.reference_model:
+        raise ValueError("Pass --reference_eval or --reference_model, not both.")
     if cli.reference_eval:
         with open(cli.reference_eval) as f:
             reference = json.load(f)
+    elif cli.reference_model:
+        reference_model, reference_tokenizer = load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
+        reference = evaluate_benchmark(
+            reference_model, reference_tokenizer, cli.benchmark, cli.split, cli.dataset_path, {}, cli.max_examples
+        )
+        reference["model"] = cli.reference_model
+        os.makedirs(cli.output_dir, exist_ok=True)
+        with open(os.path.join(cli.output_dir, "reference_eval.json"), "w") as f:
+            json.dump(reference, f, indent=2)
+        del reference_model
     elif cli.benchmark == "embedded":
         reference = embedded_reference(cli.split)
     result = evaluate_benchmark(

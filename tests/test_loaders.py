@@ -132,6 +132,13 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
     assert result["model_utility"] is not None and result["forget_quality"] is None  # no reference given
     assert (out / "radar.png").stat().st_size > 0 and (out / "truth_ratios.png").stat().st_size > 0
 
+    # The reference given as a model: evaluated first; the same model is indistinguishable from itself.
+    same = tmp_path / "tofu_same"
+    main(["eval", "--model", tiny_model_dir, "--benchmark", "tofu", "--dataset_path", tofu_repo,
+          "--reference_model", tiny_model_dir, "--output_dir", str(same)])  # fmt: skip
+    assert json.loads((same / "eval.json").read_text())["forget_quality"] == pytest.approx(1.0)
+    assert (same / "reference_eval.json").is_file()
+
     # A saved eval of a "retrained" model as the reference gives forget quality and PrivLeak.
     muse_out = tmp_path / "muse_eval"
     main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
