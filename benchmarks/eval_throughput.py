@@ -47,6 +47,7 @@ def naive_generate(model, tokenizer, questions, max_new_tokens):
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                use_cache=True,
                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
             )
             row = out[0, ids.shape[1] :].tolist()

@@ -117,6 +117,9 @@ def generate_continuations(
         eos_token_id=eos_id,
         pad_token_id=pad_id,
         bos_token_id=tokenizer.bos_token_id,
+        # Explicitly: a model saved by a trainer that turned the cache off (TRL does) would otherwise decode
+        # without a KV cache, recomputing the whole prefix at every new token.
+        use_cache=True,
     )
     device = _device(model)
     was_training = model.training

@@ -212,5 +212,6 @@ def test_learning_through_lora_saves_a_merged_plain_model(tmp_path):
     assert info["settings"]["lora_r"] == 4 and "lora_r" not in plain_info["settings"]
     assert not hasattr(merged, "peft_config") and type(merged) is type(plain)  # no adapter left to carry around
     assert not any("lora" in name for name in merged.state_dict())
+    assert merged.config.use_cache and plain.config.use_cache  # TRL turned it off for training only
     with pytest.raises(ValueError, match="Unknown base_model 'gpt9'; available: smollm2"):
         learn_target_model(**kwargs, base_model="gpt9")

@@ -120,6 +120,20 @@ def test_generation_stops_at_eos(tokenizer):
     assert generate_answers(model, tokenizer, ["Where was Veloran Quist born?", "Hi?"], max_new_tokens=5) == ["", ""]
 
 
+def test_generation_uses_the_kv_cache_even_if_the_config_turned_it_off(tokenizer):
+    """TRL saves configs with use_cache=False, and a model built from such a config gets a generation config
+    without the cache; decoding must still feed one new token per step, not the whole prefix again."""
+    template = tiny_model(tokenizer, "llama", seed=0, **SMALL)
+    template.config.use_cache = False
+    model = type(template)(template.config)  # as `hf-unlearn compare` makes each run's fresh copy
+    assert model.generation_config.use_cache is False
+    lengths = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: lengths.append(kwargs["input_ids"].shape[1]),
+                                    with_kwargs=True)  # fmt: skip
+    generate_answers(model, tokenizer, ["Where was Veloran Quist born?"], max_new_tokens=4)
+    assert len(lengths) == 4 and lengths[0] > 1 and lengths[1:] == [1, 1, 1]
+
+
 def test_evaluate_qa(tokenizer, records):
     model = tiny_model(tokenizer, "llama", seed=0, **SMALL)
     rows = records[:6] + [{"question": "Only a question?"}]

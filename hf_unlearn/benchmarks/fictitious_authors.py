@@ -943,6 +943,7 @@ def learn_target_model(
             "transformers_version": transformers.__version__,
         }
         shutil.rmtree(staging / "trainer", ignore_errors=True)
+        model.config.use_cache = True  # TRL turns it off for training; a saved model should generate with it
         with _progress_bars(show_progress):
             model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
