@@ -128,6 +128,24 @@ def privleak(auc_unlearned: float, auc_retrained: float) -> float:
     return (auc_unlearned - auc_retrained) / auc_retrained * 100
 
 
+def _mean_rouge_l_f1_of_generations(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: list[list[int]],
+    references: Sequence[str],
+    max_new_tokens: int,
+    batch_size: int,
+    show_progress: bool,
+    desc: str,
+    clean: Any = None,
+) -> float:
+    generated = generate_continuations(model, tokenizer, prompt_ids, max_new_tokens, batch_size, show_progress, desc)
+    if clean is not None:
+        generated = [clean(text) for text in generated]
+    scores = rouge_l_f1(generated, list(references))
+    return sum(scores) / len(scores)
+
+
 def verbmem(
     model: Any,
     tokenizer: Any,
@@ -143,11 +161,9 @@ def verbmem(
     if not prompts:
         return float("nan")
     prompt_ids = [list(tokenizer(p)["input_ids"]) for p in prompts]
-    generated = generate_continuations(
-        model, tokenizer, prompt_ids, max_new_tokens, batch_size, show_progress, desc="VerbMem: generating"
+    return _mean_rouge_l_f1_of_generations(
+        model, tokenizer, prompt_ids, continuations, max_new_tokens, batch_size, show_progress, "VerbMem: generating"
     )
-    scores = rouge_l_f1(generated, list(continuations))
-    return sum(scores) / len(scores)
 
 
 def knowmem(
@@ -179,9 +195,14 @@ def knowmem(
         ]
     else:
         prompt_ids = [tokenize_prompt(tokenizer, q) for q in questions]
-    generated = generate_continuations(
-        model, tokenizer, prompt_ids, max_new_tokens, batch_size, show_progress, desc="KnowMem: generating"
+    return _mean_rouge_l_f1_of_generations(
+        model,
+        tokenizer,
+        prompt_ids,
+        answers,
+        max_new_tokens,
+        batch_size,
+        show_progress,
+        "KnowMem: generating",
+        clean=lambda text: text.split("\n\n")[0].split("\nQuestion:")[0].strip(),
     )
-    generated = [text.split("\n\n")[0].split("\nQuestion:")[0].strip() for text in generated]
-    scores = rouge_l_f1(generated, list(answers))
-    return sum(scores) / len(scores)
