@@ -33,6 +33,7 @@ from .metrics import (
     truth_ratios,
 )
 from .objectives import token_log_probs
+from .report import format_value
 
 
 def forget_quality(truth_ratios_evaluated: Sequence[float], truth_ratios_retain_only: Sequence[float]) -> float:
@@ -287,15 +288,24 @@ def evaluate_benchmark(
     return result
 
 
-def embedded_reference(split: str = "forget10", cache_dir: str | None = None) -> dict[str, Any]:
-    """What forget quality and PrivLeak compare with on the embedded benchmark: the retain-only model's forget
-    truth ratios and membership-attack AUCs (the model is learned once and cached)."""
+def _retain_only_model(split: str, cache_dir: str | None, architecture: str) -> tuple[Any, Any]:
+    """The embedded benchmark's model learned without ``split``'s authors (learned once, then cached)."""
     from .benchmarks.fictitious_authors import learn_target_model, retain_split_for
-    from .loaders import embedded_evaluation_sets
 
     model, tokenizer, _ = learn_target_model(
-        cache_dir=cache_dir, learn_split=retain_split_for(split), show_progress=False
+        cache_dir=cache_dir, architecture=architecture, learn_split=retain_split_for(split), show_progress=False
     )
+    return model, tokenizer
+
+
+def embedded_reference(
+    split: str = "forget10", cache_dir: str | None = None, architecture: str = "llama"
+) -> dict[str, Any]:
+    """What forget quality and PrivLeak compare with on the embedded benchmark: the retain-only model's forget
+    truth ratios and membership-attack AUCs."""
+    from .loaders import embedded_evaluation_sets
+
+    model, tokenizer = _retain_only_model(split, cache_dir, architecture)
     sets = embedded_evaluation_sets(split)
     privleak_sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
     return {
@@ -307,13 +317,11 @@ def embedded_reference(split: str = "forget10", cache_dir: str | None = None) ->
 def retain_only_truth_ratios(
     split: str = "forget10", cache_dir: str | None = None, architecture: str = "llama"
 ) -> list[float]:
-    """Forget-set truth ratios of the embedded benchmark's retain-only model (learned once, then cached)."""
-    from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
+    """Forget-set truth ratios of the embedded benchmark's retain-only model (what the demo's forget quality
+    compares with)."""
+    from .benchmarks.fictitious_authors import load_split
 
-    retain_split = retain_split_for(split)
-    model, tokenizer, _ = learn_target_model(
-        cache_dir=cache_dir, architecture=architecture, learn_split=retain_split, show_progress=False
-    )
+    model, tokenizer = _retain_only_model(split, cache_dir, architecture)
     return truth_ratios(model, tokenizer, load_split(split))
 
 
@@ -321,7 +329,7 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
     """A short Markdown summary of :func:`evaluate_benchmark`'s (or :func:`evaluate_unlearning`'s) result."""
 
     def fmt(value: Any) -> str:
-        return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+        return format_value(value, ".4g")
 
     lines = [f"# Evaluation of {result.get('model', 'the model')}", ""]
     if "forget" in result:

@@ -7,6 +7,8 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from .report import format_value
+
 PAPERS = {
     "masc": ("Fast Unlearning at Scale via Margin Self-Correction", "https://arxiv.org/abs/2606.02920"),
     "ga": ("Knowledge Unlearning for Mitigating Privacy Risks in Language Models", "https://arxiv.org/abs/2210.01504"),
@@ -62,11 +64,7 @@ a proof that no trace of the data remains in the weights.
 
 
 def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return format_value(value, ".4g")
 
 
 def _metrics_section(before: dict | None, after: dict | None) -> str:

@@ -58,7 +58,6 @@ def min_k_plus_plus(
     return min_k_percent(standardised, k)
 
 
-@torch.no_grad()
 def token_statistics(
     model: Any,
     tokenizer: Any,

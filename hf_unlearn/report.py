@@ -62,11 +62,12 @@ def build_report(trainer: Any, before: dict[str, dict], after: dict[str, dict], 
     return report
 
 
-def _fmt(value: Any) -> str:
+def format_value(value: Any, spec: str = ".3f") -> str:
+    """A metric for a Markdown table: ``-`` for a missing one, floats with ``spec``, anything else as is."""
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:.3f}"
+        return format(value, spec)
     return str(value)
 
 
@@ -81,7 +82,8 @@ def report_table(report: dict) -> str:
             before = report["before"][split].get(metric)
             after = report["after"][split].get(metric)
             change = None if before is None or after is None else after - before
-            lines.append(f"| {split} | {metric} | {_fmt(before)} | {_fmt(after)} | {_fmt(change)} |")
+            cells = " | ".join(format_value(value) for value in (before, after, change))
+            lines.append(f"| {split} | {metric} | {cells} |")
     return "\n".join(lines)
 
 
@@ -105,12 +107,12 @@ def report_markdown(report: dict) -> str:
         f"# Unlearning report: {report['method']}",
         "",
         f"- Objectives: forget `{report['forget_objective']}`, retain `{report['retain_objective']}`.",
-        f"- Training {stop} in {_fmt(report['wall_seconds'])} s (probes included).",
-        f"- Last violation rate ({report['stop_probe']} probe): {_fmt(report['violation_rate'])} "
-        f"(alpha = {_fmt(report['alpha'])}).",
+        f"- Training {stop} in {format_value(report['wall_seconds'])} s (probes included).",
+        f"- Last violation rate ({report['stop_probe']} probe): {format_value(report['violation_rate'])} "
+        f"(alpha = {format_value(report['alpha'])}).",
         f"- Exact-reproduction bound (MASC Proposition 1, mean over forget answers): "
-        f"{_fmt(report['exact_reproduction_bound'])}; measured exact match after: "
-        f"{_fmt(report['after'].get('forget', {}).get('exact_match'))}.",
+        f"{format_value(report['exact_reproduction_bound'])}; measured exact match after: "
+        f"{format_value(report['after'].get('forget', {}).get('exact_match'))}.",
         "",
     ]
     if forget_quality_line(report):

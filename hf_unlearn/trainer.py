@@ -571,7 +571,7 @@ class UnlearnTrainer(Trainer):
         for name, value in result.items():
             if isinstance(value, dict):
                 metrics.update({f"{metric_key_prefix}_{name}_{k}": v for k, v in value.items() if v is not None})
-            elif isinstance(value, (int, float)) and value is not None:
+            elif isinstance(value, (int, float)):
                 metrics[f"{metric_key_prefix}_{name}"] = value
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
