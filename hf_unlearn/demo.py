@@ -45,9 +45,10 @@ def load_model_and_tokenizer(
 
 
 def _evaluate(
-    model: Any, tokenizer: Any, eval_sets: dict[str, Any], retain_only_truth_ratios: Any
+    model: Any, tokenizer: Any, eval_sets: dict[str, Any], retain_only_truth_ratios: Any, config: UnlearnConfig
 ) -> tuple[dict[str, dict], dict[str, Any]]:
-    """Per-split metrics and the TOFU summary (forget quality, model utility, bound) from evaluate_unlearning."""
+    """Per-split metrics and the TOFU summary (forget quality, model utility, bound) from evaluate_unlearning, the
+    bound with the run's own k and rho, as the report's."""
     from .evaluation import evaluate_unlearning
 
     result = evaluate_unlearning(
@@ -56,6 +57,8 @@ def _evaluate(
         eval_sets["forget"],
         eval_sets.get("retain"),
         retain_only_truth_ratios=retain_only_truth_ratios,
+        k=config.masc_k,
+        rho=config.masc_rho,
         show_progress=True,
     )
     splits = {name: result[name] for name in eval_sets if name in result}
@@ -94,7 +97,7 @@ def unlearn_and_report(
     before: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring before")
-        before, summaries["before"] = _evaluate(model, tokenizer, eval_sets, retain_only_truth_ratios)
+        before, summaries["before"] = _evaluate(model, tokenizer, eval_sets, retain_only_truth_ratios, config)
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = UnlearnTrainer(
@@ -110,7 +113,7 @@ def unlearn_and_report(
     after: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring after")
-        after, summaries["after"] = _evaluate(trainer.model, tokenizer, eval_sets, retain_only_truth_ratios)
+        after, summaries["after"] = _evaluate(trainer.model, tokenizer, eval_sets, retain_only_truth_ratios, config)
         stages.update()
     stages.close()
     trainer.evaluation.update(before=before, after=after, **(extra or {}).get("datasets", {}))
