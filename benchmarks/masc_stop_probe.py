@@ -37,13 +37,14 @@ def run(setting: dict, forget, retain, forget_records, retain_records, before) -
             model=model, args=args, train_dataset=forget, retain_dataset=retain, processing_class=tokenizer
         )
         trainer.train()
-    history = trainer.stopping_callback.history
+    record = trainer.record
+    history = record.probe_history
     after_forget = evaluate_qa(trainer.model, tokenizer, forget_records)
     after_retain = evaluate_qa(trainer.model, tokenizer, retain_records)
     return {
-        "stop_step": trainer.stopping_callback.stop_step,
-        "steps": trainer.state.global_step,
-        "seconds": trainer.train_wall_seconds,
+        "stop_step": record.stop_step,
+        "steps": record.global_step,
+        "seconds": record.wall_seconds,
         "rate_train": history[-1].get("violation_rate_train"),
         "rate_holdout": history[-1].get("violation_rate_holdout"),
         "forget_rouge": after_forget["rouge_l_recall"],

@@ -26,8 +26,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset  # noqa: E402
 from hf_unlearn.benchmarks import learn_target_model, load_split  # noqa: E402
-from hf_unlearn.evaluation import evaluate_unlearning  # noqa: E402
-from hf_unlearn.metrics import answer_log_probs  # noqa: E402
+from hf_unlearn.metrics import (
+    answer_log_probs,  # noqa: E402
+    evaluate_unlearning,  # noqa: E402
+)
 
 
 def paraphrase_memorisation(model, tokenizer, records) -> dict[str, float]:
@@ -81,14 +83,14 @@ def run(size: str, forget, retain) -> dict:
         trainer.train()
         seconds = time.perf_counter() - start
     after = measure(trainer.model, tokenizer, forget, retain)
-    stopping = trainer.stopping_callback
+    record = trainer.record
     return {
         "size": size,
         "parameters": info["num_parameters"],
         "learn_epochs": info["epochs"],
         "learn_exact_match": info["exact_match"],
-        "stop_step": stopping.stop_step if stopping.stopped_early else None,
-        "steps": trainer.state.global_step,
+        "stop_step": record.stop_step,
+        "steps": record.global_step,
         "seconds": seconds,
         "before": before,
         "after": after,

@@ -59,7 +59,7 @@ after = {
     "forget": evaluate_qa(trainer.model, tokenizer, forget_records),
     "retain": evaluate_qa(trainer.model, tokenizer, retain_records),
 }
-print(f"stopped itself: {trainer.stopping_callback.stopped_early} at step {trainer.state.global_step}")
+print(f"{trainer.record.stop_reason} ({trainer.record.global_step} steps)")
 for side in ("forget", "retain"):
     print(side, {k: (round(before[side][k], 3), round(after[side][k], 3)) for k in ("rouge_l_recall", "probability")})
 print("forget answers now:", generate_answers(trainer.model, tokenizer, list(forget_records["question"]), 16))

@@ -10,6 +10,7 @@ from .objectives import (
     register_forget_objective,
     register_retain_objective,
 )
+from .record import UnlearnRecord
 from .trainer import UnlearnTrainer
 
 __version__ = "0.1.0"
@@ -19,6 +20,7 @@ __all__ = [
     "METHODS",
     "RETAIN_OBJECTIVES",
     "UnlearnConfig",
+    "UnlearnRecord",
     "UnlearnTrainer",
     "ViolationStoppingCallback",
     "build_qa_dataset",

@@ -1,7 +1,7 @@
-"""`hf-unlearn` command line: `demo` (embedded benchmark, offline) and `run` (any model and dataset).
+"""`hf-unlearn` command line: `demo`, `run`, `compare`, `eval`, `quant-check` and `push`.
 
 Arguments are parsed with `HfArgumentParser`, so every `UnlearnConfig` field is a flag, and a single YAML file
-may hold them all (`hf-unlearn run config.yaml`).
+may hold them all (`hf-unlearn run config.yaml`). The jobs themselves live in :mod:`hf_unlearn.jobs`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import HfArgumentParser
 
@@ -90,22 +91,22 @@ def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def demo_main(argv: list[str]) -> dict:
+def demo_main(argv: list[str]) -> Any:
     """Learn the embedded benchmark, unlearn its forget split with MASC, print and write the report."""
     demo_args, config = _parse(
         (DemoArguments, UnlearnConfig),
         argv,
         defaults=DEMO_DEFAULTS,
     )
-    from .demo import run_demo
+    from .jobs import run_demo
 
     return run_demo(demo_args, config)
 
 
-def run_main(argv: list[str]) -> dict:
+def run_main(argv: list[str]) -> Any:
     """Unlearn a forget dataset from a model given by path or Hub id."""
     run_args, config = _parse((RunArguments, UnlearnConfig), argv)
-    from .demo import run_unlearning_job
+    from .jobs import run_unlearning_job
 
     return run_unlearning_job(run_args, config)
 
@@ -124,28 +125,10 @@ class QuantCheckArguments:
 
 def quant_check_main(argv: list[str]) -> dict:
     """Reload a model in 4-bit and 8-bit and measure whether forgotten knowledge came back."""
-    import json
-
-    from .demo import load_model_and_tokenizer
-    from .loaders import load_records
-    from .quantize import check_quantization_robustness, quantization_table
+    from .jobs import run_quant_check_job
 
     (cli,) = _parse((QuantCheckArguments,), argv)
-    _, tokenizer = load_model_and_tokenizer(cli.model)
-    if cli.benchmark == "embedded":
-        from .benchmarks.fictitious_authors import load_split, retain_split_for
-
-        forget = load_split(cli.split)
-        retain = load_split(cli.retain_split or retain_split_for(cli.split))
-    else:
-        forget = load_records(cli.benchmark, cli.split)
-        retain = load_records(cli.benchmark, cli.retain_split) if cli.retain_split else None
-    result = check_quantization_robustness(cli.model, tokenizer, forget, retain, modes=tuple(cli.modes))
-    os.makedirs(cli.output_dir, exist_ok=True)
-    with open(os.path.join(cli.output_dir, "quant_check.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    print(quantization_table(result))
-    return result
+    return run_quant_check_job(cli)
 
 
 @dataclass
@@ -208,63 +191,10 @@ class EvalArguments:
 
 def eval_main(argv: list[str]) -> dict:
     """TOFU- and MUSE-style evaluation: eval.json, eval.md, a radar chart and truth-ratio histograms."""
-    import json
-
-    from .demo import load_model_and_tokenizer
-    from .evaluation import embedded_reference, evaluate_benchmark, evaluation_markdown
-    from .plots import plot_radar, plot_truth_ratio_histogram
+    from .jobs import run_eval_job
 
     (cli,) = _parse((EvalArguments,), argv)
-    model, tokenizer = load_model_and_tokenizer(cli.model, cli.trust_remote_code)
-    reference = None
-    if cli.reference_eval and cli.reference_model:
-        raise ValueError("Pass --reference_eval or --reference_model, not both.")
-    if cli.reference_eval:
-        with open(cli.reference_eval) as f:
-            reference = json.load(f)
-    elif cli.reference_model:
-        reference_model, reference_tokenizer = load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
-        reference = evaluate_benchmark(
-            reference_model, reference_tokenizer, cli.benchmark, cli.split, cli.dataset_path, {}, cli.max_examples
-        )
-        reference["model"] = cli.reference_model
-        os.makedirs(cli.output_dir, exist_ok=True)
-        with open(os.path.join(cli.output_dir, "reference_eval.json"), "w") as f:
-            json.dump(reference, f, indent=2)
-        del reference_model
-    elif cli.benchmark == "embedded":
-        reference = embedded_reference(cli.split)
-    result = evaluate_benchmark(
-        model, tokenizer, cli.benchmark, cli.split, cli.dataset_path, reference, cli.max_examples, show_progress=True
-    )
-    result["model"] = cli.model
-    os.makedirs(cli.output_dir, exist_ok=True)
-    plots = {}
-    if "forget" in result:
-        others = {}
-        for item in cli.compare_with:
-            name, _, path = item.rpartition("=")
-            with open(path) as f:
-                others[name or os.path.basename(os.path.dirname(os.path.abspath(path)))] = json.load(f)
-        plots["radar"] = plot_radar(
-            {os.path.basename(cli.model.rstrip("/")) or cli.model: result, **others},
-            os.path.join(cli.output_dir, "radar.png"),
-        )
-        ratios = {"evaluated model": result["forget_truth_ratios"]}
-        if reference and reference.get("forget_truth_ratios"):
-            ratios["model trained without the forget set"] = reference["forget_truth_ratios"]
-        if result["forget_truth_ratios"]:
-            plots["truth_ratios"] = plot_truth_ratio_histogram(
-                ratios, os.path.join(cli.output_dir, "truth_ratios.png")
-            )
-    result["plots"] = plots
-    with open(os.path.join(cli.output_dir, "eval.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    markdown = evaluation_markdown(result)
-    with open(os.path.join(cli.output_dir, "eval.md"), "w") as f:
-        f.write(markdown)
-    print(markdown)
-    return result
+    return run_eval_job(cli)
 
 
 def compare_main(argv: list[str]) -> dict:

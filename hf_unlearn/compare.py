@@ -104,7 +104,7 @@ def _distance(row: dict, target: dict) -> float:
 
 def run_compare(cli: CompareArguments) -> dict:
     """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
-    from .benchmarks.fictitious_authors import learn_target_model, load_split, retain_split_for
+    from .benchmarks import learn_target_model, load_split, retain_split_for
 
     learn_lr = cli.learn_learning_rate or (1e-3 if cli.lora_r else 3e-3)
     target_model, tokenizer, learn_info = learn_target_model(
@@ -173,14 +173,16 @@ def run_compare(cli: CompareArguments) -> dict:
     trainer = UnlearnTrainer(fresh_model(), args, forget, retain, processing_class=tokenizer, peft_config=peft_config)
     trainer.train()
     masc_row = measure(trainer.model)
+    record = trainer.record
     methods["masc"] = {
         "reached_target": _meets(masc_row, target),
-        "time_to_target_seconds": trainer.train_wall_seconds if _meets(masc_row, target) else None,
-        "seconds": trainer.train_wall_seconds,
-        "grid_seconds": trainer.train_wall_seconds,
+        "time_to_target_seconds": record.wall_seconds if _meets(masc_row, target) else None,
+        "seconds": record.wall_seconds,
+        "grid_seconds": record.wall_seconds,
         "best_learning_rate": cli.masc_learning_rate,
-        "steps": trainer.state.global_step,
-        "stopped_early": trainer.stopping_callback.stopped_early,
+        "steps": record.global_step,
+        "stopped_early": record.stopped_early,
+        "stop_reason": record.stop_reason,
         **masc_row,
     }
     points.append({"method": "masc", "learning_rate": cli.masc_learning_rate, **masc_row})

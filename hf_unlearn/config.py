@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
+from transformers.utils import logging
 
 from .margin import COMPETITOR_SOURCES, threshold_from_probability
 from .surgery import STRATEGIES
+
+logger = logging.get_logger(__name__)
 
 # method -> (forget objective, retain objective); "none" means no retain term.
 METHODS: dict[str, tuple[str, str]] = {
@@ -33,6 +36,15 @@ DEFAULT_REFUSALS = (
     "That is something I cannot answer.",
 )
 STOP_PROBES = ("train", "holdout")
+
+
+def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
+    """The one message for gradient surgery under a backend that shards gradients (FSDP, DeepSpeed)."""
+    return ValueError(
+        f"gradient_surgery={strategy!r} cannot run with {backend}: it needs each parameter's full forget and retain "
+        f"gradient on every process, and {backend} shards gradients. Use DDP (plain `accelerate launch` or "
+        "torchrun), or gradient_surgery='sum'."
+    )
 
 
 def _has_accelerator() -> bool:
@@ -160,7 +172,11 @@ class UnlearnConfig(TrainingArguments):
     undial_beta: float = field(default=10.0, metadata={"help": "UNDIAL: how far the target token's logit is lowered."})
     rmu_layer: int | None = field(
         default=None,
-        metadata={"help": "RMU: decoder layer whose output is steered (default: 7, or the last layer if fewer)."},
+        metadata={
+            "help": "RMU: decoder layer whose output is steered (default: 7, or the second-to-last layer if the "
+            "model has fewer than 9; the last layer is refused, its hidden state is only returned after the final "
+            "norm)."
+        },
     )
     rmu_trainable_layers: list[int] | None = field(
         default=None,
@@ -185,7 +201,9 @@ class UnlearnConfig(TrainingArguments):
         metadata={
             "help": f"How the forget and retain gradients are combined at each optimizer step, one of {STRATEGIES}: "
             "'sum' is the plain weighted sum; 'pcgrad' and 'sago' never let the forget gradient oppose the "
-            "retain gradient (arXiv 2604.14808). forget_weight is gamma, retain_weight is alpha."
+            "retain gradient (arXiv 2604.14808); 'blur' is SAGO's forget-first baseline (one global projection of "
+            "the retain gradient), 'blur_per_tensor' its per-tensor variant. forget_weight is gamma, retain_weight "
+            "is alpha."
         },
     )
 
@@ -208,14 +226,14 @@ class UnlearnConfig(TrainingArguments):
             # Under torchrun on a machine without an accelerator, TrainingArguments would otherwise start every
             # process as its own single-process run (each training alone, each writing the report).
             self.use_cpu = True
+            logger.warning(
+                "UnlearnConfig: several processes and no accelerator, so use_cpu=True (DDP on the CPU with gloo); "
+                "pass --use_cpu yourself to silence this."
+            )
         for option in ("fsdp", "deepspeed"):
             # Checked before TrainingArguments sets up either backend, so the message names the real conflict.
             if self.gradient_surgery != "sum" and getattr(self, option):
-                raise ValueError(
-                    f"gradient_surgery={self.gradient_surgery!r} cannot run with {option}: it needs each "
-                    f"parameter's full forget and retain gradient on every process, and {option} shards gradients. "
-                    "Use DDP (plain `accelerate launch` or torchrun), or gradient_surgery='sum'."
-                )
+                raise sharded_surgery_error(self.gradient_surgery, option)
         super().__post_init__()
         if self.method not in METHODS:
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
@@ -232,6 +250,13 @@ class UnlearnConfig(TrainingArguments):
         if self.probe_interval < 0:
             raise ValueError(f"probe_interval must be >= 0, got {self.probe_interval}.")
         threshold_from_probability(self.masc_rho)  # validates rho
+        for name in ("forget_weight", "retain_weight"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:  # also catches NaN
+                raise ValueError(
+                    f"{name} must be >= 0, got {value}: it scales a loss that is minimised, so a negative weight "
+                    "would train the opposite of what the objective means."
+                )
         if self.gradient_surgery not in STRATEGIES:
             raise ValueError(f"gradient_surgery must be one of {STRATEGIES}, got {self.gradient_surgery!r}.")
         if self.gradient_surgery != "sum" and self.objectives[1] == "none":

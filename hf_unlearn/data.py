@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 from datasets import Dataset
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 IGNORE_INDEX = -100
 PLAIN_PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
@@ -72,6 +75,10 @@ def ensure_pad_token(tokenizer: Any) -> None:
         if tokenizer.eos_token is None:
             raise ValueError("The tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token first.")
         tokenizer.pad_token = tokenizer.eos_token
+        logger.warning(
+            f"The tokenizer has no pad token; using its EOS token {tokenizer.eos_token!r} as pad (padding is masked "
+            "out of every loss). Set tokenizer.pad_token yourself to choose another."
+        )
 
 
 def build_qa_dataset(

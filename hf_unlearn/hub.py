@@ -43,6 +43,7 @@ def push_folder(model_dir: str, repo_id: str, merge_adapter: bool = False, priva
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir!r} is not a folder; pass the output_dir of an unlearning run.")
     ensure_hub_reachable(model_dir)
+    _card_for_repo(model_dir, repo_id)
     api = HfApi()
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     is_adapter = os.path.exists(os.path.join(model_dir, "adapter_config.json"))
@@ -69,3 +70,13 @@ def push_folder(model_dir: str, repo_id: str, merge_adapter: bool = False, priva
             ignore_patterns=["checkpoint-*", "runs/*"],
         )
     return str(url)
+
+
+def _card_for_repo(model_dir: str, repo_id: str) -> None:
+    """Rewrite the folder's model card from its run record so that it loads from ``repo_id`` (not a local path)."""
+    from .record import RECORD_FILE, UnlearnRecord
+
+    if os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
+        from .model_card import write_model_card
+
+        write_model_card(UnlearnRecord.load(model_dir), model_dir, repo_id=repo_id)

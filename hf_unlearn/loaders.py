@@ -165,3 +165,14 @@ def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
         "privleak_forget": Dataset.from_dict({"text": [text(r) for r in forget]}),
         "privleak_holdout": Dataset.from_dict({"text": [text(r) for r in holdout]}),
     }
+
+
+def benchmark_sets(benchmark: str, split: str = "forget10", path: str | None = None) -> dict[str, Any]:
+    """The evaluation sets of ``benchmark`` (one of :data:`BENCHMARKS`); ``path`` replaces the Hub id."""
+    if benchmark == "embedded":
+        return embedded_evaluation_sets(split)
+    if benchmark == "tofu":
+        return tofu_evaluation_sets(split, **({"path": path} if path else {}))
+    if benchmark in MUSE_HUB_IDS:
+        return muse_evaluation_sets(benchmark, path)
+    raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")

@@ -1,19 +1,23 @@
 """The restricted margin of MASC, the violation statistic built on it, and its exact-reproduction bound.
 
-This is the one implementation of the margin: the MASC hinge loss, the online stopping rule and the
-evaluation all call :func:`restricted_margin`. Reference: Di Gennaro, Shevchenko, Yang, "Fast Unlearning at
-Scale via Margin Self-Correction", arXiv 2606.02920 (2026), §3 (restricted margin, threshold, hinge) and
-Proposition 1 (exact-reproduction bound).
+This is the one implementation of the margin: the MASC hinge loss, the online stopping rule
+(:func:`measure_violations`) and the evaluation all call :func:`restricted_margin`. Reference: Di Gennaro,
+Shevchenko, Yang, "Fast Unlearning at Scale via Margin Self-Correction", arXiv 2606.02920 (2026), §3 (restricted
+margin, threshold, hinge) and Proposition 1 (exact-reproduction bound). It also holds the per-token answer
+log-probabilities that the objectives and the metrics score answers with.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from .data import IGNORE_INDEX
+from .data import IGNORE_INDEX, pad_examples
 
 COMPETITOR_SOURCES = ("self", "teacher")
 
@@ -57,7 +61,10 @@ def restricted_margin(
 
     The competitor set is chosen without gradient; gradient flows through the selected current-model logits.
     Memory: one top-(k+1) over the vocabulary; the target is removed from it instead of masking a copy of the
-    logits, so nothing of size k x V is allocated.
+    logits, so nothing of size k x V is allocated. Numerics: the k + 1 gathered logits are upcast to float32
+    before the log-sum-exp and the subtraction, as the MASC reference code does (it upcasts the logits); in
+    bf16, logits around 20-40 would otherwise put the margin off by up to 0.15. Only the gathered values are
+    upcast, never a vocabulary-sized copy.
     """
     vocab_size = logits.shape[-1]
     if k < 1 or k >= vocab_size:
@@ -66,7 +73,7 @@ def restricted_margin(
         )
     mask = labels != IGNORE_INDEX
     targets = labels.masked_fill(~mask, 0)
-    target_logit = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    target_logit = _upcast(logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
 
     chooser = logits if teacher_logits is None else teacher_logits
     with torch.no_grad():
@@ -75,10 +82,14 @@ def restricted_margin(
         if teacher_logits is not None and delta is not None:
             best_other = chosen_values.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)
             keep &= chosen_values >= best_other - delta
-    competitor_logits = logits.gather(-1, chosen_index)
+    competitor_logits = _upcast(logits.gather(-1, chosen_index))
     scaled = (beta * competitor_logits).masked_fill(~keep, float("-inf"))
     margins = beta * target_logit - torch.logsumexp(scaled, dim=-1)
     return MarginResult(margins=margins, mask=mask)
+
+
+def _upcast(values: torch.Tensor) -> torch.Tensor:
+    return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
 
 
 def _drop_target(index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -90,19 +101,23 @@ def _drop_target(index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return ~drop
 
 
-def masc_hinge(result: MarginResult, tau: float, eta: float) -> torch.Tensor:
+def masc_hinge(
+    result: MarginResult, tau: float, eta: float, num_items: torch.Tensor | float | None = None
+) -> torch.Tensor:
     """Buffered hinge ``relu(m - (tau - eta)) / eta`` averaged over scored tokens (MASC §3).
 
     It upper-bounds the violation indicator ``1[m > tau]`` and its gradient is zero once every margin is
-    below ``tau - eta``.
+    below ``tau - eta``. With ``num_items`` the sum over this batch's scored tokens is divided by it instead (the
+    count of scored tokens in the whole accumulated batch, so gradient accumulation gives the big batch's mean).
     """
     if eta <= 0:
         raise ValueError(f"eta must be positive, got {eta}.")
     active = result.mask
-    if not active.any():
+    if num_items is None and not active.any():  # under the trainer the data was checked before training
         raise ValueError("The batch has no answer tokens (all labels are -100): there is nothing to forget.")
-    hinge = torch.relu(result.margins - (tau - eta)) / eta
-    return hinge[active].mean()
+    # Masked with `where`, not selected: a boolean index would read its size from the device every step.
+    hinge = torch.where(active, torch.relu(result.margins - (tau - eta)) / eta, 0.0)
+    return hinge.sum() / (num_items if num_items is not None else active.sum())
 
 
 def violation_fractions(result: MarginResult, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,3 +150,64 @@ def exact_reproduction_bound(fractions: torch.Tensor, lengths: torch.Tensor, rho
     probability, is at most rho; the answer's probability is at most the product over those tokens.
     """
     return torch.pow(torch.tensor(rho, dtype=torch.float64), ((1.0 - fractions.double()) * lengths.double()))
+
+
+def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each answer token (float32) and the answer-token mask, after the causal shift.
+
+    ``logits`` (B, T, V) and ``labels`` (B, T) as the model returns and takes them; positions whose shifted label
+    is ``-100`` get 0 and are False in the mask.
+    """
+    logits, labels = shift_for_causal_lm(logits, labels)
+    mask = labels != IGNORE_INDEX
+    log_probs = -F.cross_entropy(logits.transpose(1, 2).float(), labels.masked_fill(~mask, 0), reduction="none")
+    return log_probs * mask, mask
+
+
+@torch.no_grad()
+def measure_violations(
+    model: Any,
+    examples: Sequence[Mapping[str, Any]],
+    pad_token_id: int,
+    k: int,
+    tau: float,
+    beta: float = 1.0,
+    delta: float | None = None,
+    reference_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
+    batch_size: int = 32,
+) -> dict[str, torch.Tensor]:
+    """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3).
+
+    The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
+    the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
+    answer tokens are dropped. Every process of a distributed run must call it (the forward of a sharded model is
+    a collective).
+    """
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    fractions, lengths, probabilities = [], [], []
+    try:
+        for start in range(0, len(examples), batch_size):
+            padded = pad_examples(examples[start : start + batch_size], pad_token_id)
+            batch = {key: value.to(device) for key, value in padded.items()}
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            shifted, labels = shift_for_causal_lm(logits, batch["labels"])
+            teacher = None
+            if reference_logits is not None:
+                teacher, _ = shift_for_causal_lm(reference_logits(batch), batch["labels"])
+            result = restricted_margin(shifted, labels, k=k, beta=beta, teacher_logits=teacher, delta=delta)
+            batch_fractions, batch_lengths = violation_fractions(result, tau)
+            log_probs, mask = token_log_probs(logits, batch["labels"])
+            probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
+            fractions.append(batch_fractions.cpu())
+            lengths.append(batch_lengths.cpu())
+    finally:
+        model.train(was_training)
+    all_fractions, all_lengths = torch.cat(fractions), torch.cat(lengths)
+    scored = all_lengths > 0
+    return {
+        "fractions": all_fractions[scored],
+        "lengths": all_lengths[scored],
+        "probabilities": torch.cat(probabilities)[scored],
+    }

@@ -3,7 +3,11 @@
 * ROUGE-L recall of the greedy answer against the reference answer (TOFU's "ROUGE"),
 * the answer probability ``P(a | q) ** (1 / |a|)``, i.e. ``exp(-mean token NLL)`` of the reference answer given
   the question (TOFU's "Prob" on the forget and retain sets),
-* exact match of the greedy answer (after whitespace, case and trailing-punctuation normalisation).
+* exact match of the greedy answer (after whitespace, case and trailing-punctuation normalisation),
+* truth ratios and their aggregates, forget quality (two-sample KS test against a retain-only model's truth
+  ratios), model utility (harmonic mean), and :func:`evaluate_unlearning`, which puts them together with MASC's
+  exact-reproduction bound (Proposition 1, arXiv 2606.02920). Everything here measures a model on records; the
+  benchmark suites that load TOFU, MUSE or the embedded data live in :mod:`hf_unlearn.evaluation`.
 
 Prompts and answers are tokenized by :mod:`hf_unlearn.data` exactly as for learning and unlearning, so a metric
 scores the very tokens the model was trained on.
@@ -17,19 +21,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from scipy.stats import hmean, ks_2samp
 
 from hf_unlearn.data import IGNORE_INDEX, pad_examples, tokenize_prompt, tokenize_qa
-from hf_unlearn.objectives import token_log_probs
+from hf_unlearn.margin import (
+    exact_reproduction_bound,
+    measure_violations,
+    threshold_from_probability,
+    token_log_probs,
+)
 
 __all__ = [
     "answer_log_probs",
     "answer_probability",
     "default_max_new_tokens",
     "evaluate_qa",
+    "evaluate_unlearning",
     "exact_match",
+    "forget_quality",
     "generate_answers",
     "generate_continuations",
+    "model_utility",
     "normalized_probabilities",
+    "reproduction_bound",
     "rouge_l_f1",
     "rouge_l_recall",
 ]
@@ -375,3 +389,88 @@ def forget_truth_ratio(ratios: Sequence[float]) -> float:
 def retain_truth_ratio(ratios: Sequence[float]) -> float:
     """TOFU's retain-set aggregation ``mean(max(0, 1 - TR))``: high when the true paraphrase is preferred."""
     return sum(max(0.0, 1.0 - r) for r in ratios) / len(ratios) if ratios else float("nan")
+
+
+def forget_quality(truth_ratios_evaluated: Sequence[float], truth_ratios_retain_only: Sequence[float]) -> float:
+    """p-value of the two-sample KS test between forget-set truth ratios (TOFU §2.5): high = indistinguishable
+    from a model that never saw the forget set."""
+    return float(ks_2samp(list(truth_ratios_evaluated), list(truth_ratios_retain_only)).pvalue)
+
+
+def model_utility(values: Sequence[float]) -> float:
+    """Harmonic mean (TOFU §2.5); 0 as soon as one value is 0, as a harmonic mean should be."""
+    values = [float(v) for v in values]
+    if not values:
+        return float("nan")
+    if min(values) <= 0:
+        return 0.0
+    return float(hmean(values))
+
+
+def reproduction_bound(
+    model: Any, tokenizer: Any, records: Any, k: int = 10, rho: float = 0.5, batch_size: int = 32
+) -> dict[str, float]:
+    """MASC Proposition 1 at beta = 1 on ``records``: mean and max of ``rho^((1 - v_i) L_i)``, and the violation
+    rate, with self-competitors (k) and threshold tau = log(rho / (1 - rho))."""
+    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in qa_records(records)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    measured = measure_violations(model, examples, pad_id, k, threshold_from_probability(rho), batch_size=batch_size)
+    bounds = exact_reproduction_bound(measured["fractions"], measured["lengths"], rho)
+    return {
+        "mean": bounds.mean().item(),
+        "max": bounds.max().item(),
+        "violation_rate": measured["fractions"].mean().item(),
+    }
+
+
+def evaluate_unlearning(
+    model: Any,
+    tokenizer: Any,
+    forget: Any,
+    retain: Any | None = None,
+    retain_only_truth_ratios: Sequence[float] | None = None,
+    extra_retain_sets: dict[str, Any] | None = None,
+    k: int = 10,
+    rho: float = 0.5,
+    batch_size: int = 32,
+    show_progress: bool = False,
+) -> dict[str, Any]:
+    """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
+    are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1).
+
+    ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
+    ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
+    (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
+    """
+    result: dict[str, Any] = {
+        "forget": evaluate_qa(model, tokenizer, forget, batch_size=batch_size, show_progress=show_progress)
+    }
+    forget_ratios = truth_ratios(model, tokenizer, forget, batch_size=batch_size, show_progress=show_progress)
+    result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
+    result["forget_truth_ratios"] = forget_ratios
+    utility_values: list[float] = []
+    for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
+        if records is None:
+            continue
+        metrics = evaluate_qa(model, tokenizer, records, batch_size=batch_size, show_progress=show_progress)
+        if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
+            options = normalized_probabilities(model, tokenizer, records, batch_size, show_progress)
+            if options:
+                metrics["answer_probability"] = metrics["probability"]
+                metrics["probability"] = sum(options) / len(options)
+        ratios = truth_ratios(model, tokenizer, records, batch_size=batch_size, show_progress=show_progress)
+        metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else None
+        result[name] = metrics
+        utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
+        if ratios:
+            utility_values.append(metrics["truth_ratio"])
+    result["model_utility"] = model_utility(utility_values) if utility_values else None
+    result["forget_quality"] = (
+        forget_quality(forget_ratios, retain_only_truth_ratios)
+        if retain_only_truth_ratios is not None and forget_ratios
+        else None
+    )
+    bound = reproduction_bound(model, tokenizer, forget, k=k, rho=rho, batch_size=batch_size)
+    result["exact_reproduction_bound"] = bound["mean"]
+    result["exact_reproduction_bound_max"] = bound["max"]
+    return result

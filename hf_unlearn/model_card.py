@@ -1,47 +1,32 @@
-"""The model card of an unlearned model: what was forgotten, how, and what it cost (TRL's template pattern)."""
+"""The model card of an unlearned model, written from the run record (TRL's template pattern).
+
+It says what was forgotten, how (method, objectives, each objective's own hyperparameters, gradient surgery), why
+training stopped, what it cost and what was measured; a line is left out when the record does not know it,
+rather than filled with a placeholder. For a PEFT adapter the trainer lets PEFT add its own metadata on top
+(``library_name: peft``, ``base_model``, the adapter tags).
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from .record import UnlearnRecord
 from .report import format_value
-
-PAPERS = {
-    "masc": ("Fast Unlearning at Scale via Margin Self-Correction", "https://arxiv.org/abs/2606.02920"),
-    "ga": ("Knowledge Unlearning for Mitigating Privacy Risks in Language Models", "https://arxiv.org/abs/2210.01504"),
-    "graddiff": ("Continual Learning and Private Unlearning", "https://arxiv.org/abs/2203.12817"),
-    "npo": ("Negative Preference Optimization", "https://arxiv.org/abs/2404.05868"),
-    "npo_klr": ("Negative Preference Optimization", "https://arxiv.org/abs/2404.05868"),
-    "simnpo": ("Simplicity Prevails: Rethinking Negative Preference Optimization", "https://arxiv.org/abs/2410.07163"),
-    "rmu": ("The WMDP Benchmark (RMU)", "https://arxiv.org/abs/2403.03218"),
-    "idk_dpo": ("TOFU: A Task of Fictitious Unlearning for LLMs", "https://arxiv.org/abs/2401.06121"),
-    "undial": ("UNDIAL: Self-Distillation with Adjusted Logits", "https://arxiv.org/abs/2402.10052"),
-}
-SURGERY_PAPER = (
-    "Modeling LLM Unlearning as an Asymmetric Two-Task Learning Problem",
-    "https://arxiv.org/abs/2604.14808",
-)
 
 TEMPLATE = """
 # {model_name}
 
-This model is [{base_model}]({base_link}) after **machine unlearning** with
-[hf_unlearn](https://pypi.org/project/hf_unlearn/): it was trained to forget `{forget_dataset}` while keeping
-`{retain_dataset}`.
+{introduction}
 
 ## Unlearning record
 
 | | |
 |---|---|
-| Method | `{method}` — [{paper_title}]({paper_link}) |
-| Objectives | forget `{forget_objective}`, retain `{retain_objective}` |
-| Gradient surgery | {surgery} |
-| Stopping | {stopping} |
-| Last violation rate | {violation_rate} (alpha = {alpha}, `{stop_probe}` probe) |
-| Exact-reproduction bound (MASC Proposition 1) | {bound} |
+{record_rows}
 
 ### Hyperparameters
 
@@ -52,19 +37,85 @@ This model is [{base_model}]({base_link}) after **machine unlearning** with
 ## How to use
 
 ```python
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
-model = AutoModelForCausalLM.from_pretrained("{repo_id}")
-tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
+{usage}
 ```
 
 Forgetting here means the answers above are no longer produced or preferred under the metrics reported; it is not
 a proof that no trace of the data remains in the weights.
+
+## References
+
+{references}
 """
+
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 def _fmt(value: Any) -> str:
     return format_value(value, ".4g")
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether ``name`` reads as ``owner/name`` on the Hub and is not a local folder."""
+    return bool(name) and bool(_HUB_ID.match(name)) and not os.path.exists(name)
+
+
+def _dataset_phrase(dataset: dict | None, fallback: str) -> str | None:
+    if not dataset:
+        return None
+    count = dataset.get("num_examples")
+    name = dataset.get("name")
+    if name:
+        return f"`{name}` ({count} examples)" if count is not None else f"`{name}`"
+    return f"{fallback} of {count} examples"
+
+
+def _introduction(record: UnlearnRecord) -> str:
+    base = record.base_model
+    if is_hub_id(base):
+        base_text = f"[{base}](https://huggingface.co/{base})"
+    elif base:
+        base_text = f"`{os.path.basename(os.path.normpath(base))}` (a local model)"
+    else:
+        base_text = "a causal language model"
+    forget = _dataset_phrase(record.forget_dataset, "a forget set")
+    retain = _dataset_phrase(record.retain_dataset, "a retain set")
+    text = f"This model is {base_text} after **machine unlearning** with [hf_unlearn](https://pypi.org/project/hf_unlearn/)"
+    if forget:
+        text += f": it was trained to forget {forget}" + (f" while keeping {retain}" if retain else "")
+    text += "."
+    if record.adapter:
+        text += f" The weights here are a {record.adapter.upper()} adapter; the base model itself is unchanged."
+    return text
+
+
+def _record_rows(record: UnlearnRecord) -> str:
+    papers = {paper["title"]: paper["url"] for paper in record.papers}
+    rows = [("Method", f"`{record.method}`")]
+    objectives = f"forget `{record.forget_objective}`, retain `{record.retain_objective}`"
+    rows.append(("Objectives", objectives))
+    if record.gradient_surgery == "sum":
+        rows.append(("Gradient surgery", "none (weighted sum of the losses)"))
+    else:
+        surgery_paper = next((f" ([paper]({url}))" for title, url in papers.items() if "Asymmetric" in title), "")
+        rows.append(("Gradient surgery", f"`{record.gradient_surgery}`{surgery_paper}"))
+    rows.append(("Steps", f"{record.global_step} of at most {record.max_steps}"))
+    if record.stop_reason:
+        rows.append(("Why training stopped", record.stop_reason))
+    if record.violation_rate is not None:
+        probe = record.hyperparameters.get("stop_probe", "train")
+        rows.append(("Last violation rate", f"{_fmt(record.violation_rate)} (`{probe}` probe)"))
+    bound = record.exact_reproduction_bound
+    if bound:
+        rows.append(
+            (
+                "Exact-reproduction bound (MASC Proposition 1)",
+                f"{_fmt(bound.get('mean'))} on average over the forget answers (max {_fmt(bound.get('max'))})",
+            )
+        )
+    if record.wall_seconds is not None:
+        rows.append(("Training time", f"{_fmt(record.wall_seconds)} s"))
+    return "\n".join(f"| {name} | {value} |" for name, value in rows)
 
 
 def _metrics_section(before: dict | None, after: dict | None) -> str:
@@ -72,8 +123,8 @@ def _metrics_section(before: dict | None, after: dict | None) -> str:
         return ""
     rows = ["## Before / after", "", "| split | metric | before | after |", "|---|---|---|---|"]
     for split in after:
-        for metric in ("rouge_l_recall", "probability", "exact_match"):
-            if metric in after[split]:
+        for metric in ("rouge_l_recall", "probability", "exact_match", "truth_ratio"):
+            if after[split].get(metric) is not None:
                 previous = before.get(split, {}).get(metric)
                 rows.append(f"| {split} | {metric} | {_fmt(previous)} | {_fmt(after[split][metric])} |")
     return "\n".join(rows) + "\n"
@@ -87,57 +138,57 @@ def _quantization_section(quantization: dict | None) -> str:
     return "## Quantization check\n\n" + quantization_table(quantization) + "\n"
 
 
-def build_model_card(record: dict, repo_id: str | None = None) -> ModelCard:
-    """A `huggingface_hub.ModelCard` from an unlearning record (see `UnlearnTrainer.unlearning_record`)."""
-    method = record["method"]
-    title, link = PAPERS.get(method, (method, ""))
-    base = record.get("base_model") or "a causal language model"
-    surgery = record["hyperparameters"].get("gradient_surgery", "sum")
-    surgery_text = (
-        "none (weighted sum of the losses)"
-        if surgery == "sum"
-        else f"`{surgery}` — [{SURGERY_PAPER[0]}]({SURGERY_PAPER[1]})"
+def _usage(record: UnlearnRecord, location: str) -> str:
+    if record.adapter:
+        return (
+            "from peft import AutoPeftModelForCausalLM\nfrom transformers import AutoTokenizer\n\n"
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{location}")\n'
+            f'tokenizer = AutoTokenizer.from_pretrained("{location}")'
+        )
+    return (
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        f'model = AutoModelForCausalLM.from_pretrained("{location}")\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{location}")'
     )
-    stopping = (
-        f"stopped itself at step {record['stop_step']} of at most {record['max_steps']}"
-        if record.get("stopped_early")
-        else f"ran {record.get('stop_step')} of {record.get('max_steps')} steps (no early stop)"
-    )
+
+
+def build_model_card(record: UnlearnRecord, location: str, model_name: str | None = None) -> ModelCard:
+    """A `huggingface_hub.ModelCard` from a run record; ``location`` is where the model is loaded from (a Hub id
+    or the folder it is saved in)."""
     hyperparameters = "\n".join(
-        ["| name | value |", "|---|---|"] + [f"| `{k}` | {_fmt(v)} |" for k, v in record["hyperparameters"].items()]
+        ["| name | value |", "|---|---|"] + [f"| `{k}` | {_fmt(v)} |" for k, v in record.hyperparameters.items()]
+    )
+    references = "\n".join(
+        f"* {paper['authors'].rstrip('.') + '. ' if paper.get('authors') else ''}*{paper['title']}*. {paper['url']}"
+        for paper in record.papers
     )
     body = TEMPLATE.format(
-        model_name=record.get("model_name") or "Unlearned model",
-        base_model=base,
-        base_link=f"https://huggingface.co/{base}" if record.get("base_model") else "#",
-        forget_dataset=record.get("forget_dataset") or "the forget set",
-        retain_dataset=record.get("retain_dataset") or "the retain set",
-        method=method,
-        paper_title=title,
-        paper_link=link,
-        forget_objective=record["forget_objective"],
-        retain_objective=record["retain_objective"],
-        surgery=surgery_text,
-        stopping=stopping,
-        violation_rate=_fmt(record.get("violation_rate")),
-        alpha=_fmt(record.get("alpha")),
-        stop_probe=record.get("stop_probe"),
-        bound=_fmt(record.get("exact_reproduction_bound")),
+        model_name=model_name or record.extra.get("model_name") or os.path.basename(os.path.normpath(location)),
+        introduction=_introduction(record),
+        record_rows=_record_rows(record),
         hyperparameters=hyperparameters,
-        metrics=_metrics_section(record.get("before"), record.get("after")),
-        quantization=_quantization_section(record.get("quantization")),
-        repo_id=repo_id or record.get("model_name") or "path/to/model",
+        metrics=_metrics_section(record.before, record.after),
+        quantization=_quantization_section(record.quantization),
+        usage=_usage(record, location),
+        references=references or "-",
     )
+    datasets = []
+    for dataset in (record.forget_dataset, record.retain_dataset):
+        name = ((dataset or {}).get("name") or "").split(" / ")[0]
+        if is_hub_id(name) and name not in datasets:
+            datasets.append(name)
     data = ModelCardData(
-        library_name="transformers",
-        base_model=record.get("base_model"),
-        tags=sorted({"unlearning", "hf_unlearn", method, *record.get("tags", [])}),
+        library_name="peft" if record.adapter else "transformers",
+        base_model=record.base_model if is_hub_id(record.base_model) else None,
+        datasets=datasets or None,
+        tags=sorted({"unlearning", "hf_unlearn", record.method, *record.extra.get("tags", [])}),
     )
     return ModelCard(f"---\n{data.to_yaml()}\n---\n{body}")
 
 
-def write_model_card(record: dict, output_dir: str, repo_id: str | None = None) -> str:
+def write_model_card(record: UnlearnRecord, output_dir: str, repo_id: str | None = None) -> str:
+    """Write ``README.md`` (the card) into ``output_dir``; returns its path."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, "README.md")
-    build_model_card(record, repo_id).save(path)
+    build_model_card(record, repo_id or output_dir).save(path)
     return path

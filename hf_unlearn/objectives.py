@@ -1,22 +1,33 @@
-"""Forget and retain objectives: small pure functions registered by name.
+"""Forget and retain objectives: small pure functions registered by name, with what each one needs.
 
 Each objective takes :class:`LossInputs` (the current model's logits on one batch, its labels, the frozen
 reference model's logits when the objective asked for them, and the config) and returns a scalar loss to
-*minimise*. The trainer runs the forwards once and looks objectives up by name; it never branches on the
-method.
+*minimise*. A registration says everything the trainer must know about an objective, so the trainer never
+branches on a method name: whether it needs the reference model, hidden states or refusal answers, which config
+fields are its hyperparameters (they go into the run record and the model card), what its mean is taken over
+(answer tokens, sequences or attended tokens: the trainer counts that unit over the whole gradient-accumulation
+window and all processes and passes the count as ``num_items``, as Trainer does with ``num_items_in_batch``),
+the paper it comes from, and an optional ``prepare`` hook that checks the model and chooses what trains.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers.utils import logging
 
 from .data import IGNORE_INDEX
-from .margin import masc_hinge, restricted_margin, shift_for_causal_lm
+from .margin import masc_hinge, restricted_margin, shift_for_causal_lm, token_log_probs
+
+logger = logging.get_logger(__name__)
+
+#: What an objective's mean is taken over; the trainer counts the same unit over the accumulation window.
+NORMALIZATIONS = ("answer_tokens", "sequences", "attended_tokens")
 
 
 @dataclass
@@ -25,7 +36,9 @@ class LossInputs:
 
     ``hidden_states`` / ``reference_hidden_states`` are the per-layer tuples of ``output_hidden_states=True``
     (only for objectives registered with ``needs_hidden_states``); ``refusal`` holds the same fields for the
-    batch whose answers were replaced by a refusal (only for ``needs_refusal`` objectives).
+    batch whose answers were replaced by a refusal (only for ``needs_refusal`` objectives). ``num_items`` is the
+    number of the objective's units (answer tokens, sequences, attended tokens) in the whole accumulated batch of
+    every process; the loss is a sum over this batch divided by it. ``None``: this batch's own count (a plain mean).
     """
 
     logits: torch.Tensor
@@ -36,6 +49,19 @@ class LossInputs:
     hidden_states: tuple[torch.Tensor, ...] | None = None
     reference_hidden_states: tuple[torch.Tensor, ...] | None = None
     refusal: LossInputs | None = None
+    num_items: torch.Tensor | float | None = None
+
+
+@dataclass(frozen=True)
+class Paper:
+    """Where an objective (or a gradient surgery) comes from: one entry of the citations in the model card."""
+
+    title: str
+    url: str
+    authors: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.authors}. {self.title}. {self.url}" if self.authors else f"{self.title}. {self.url}"
 
 
 @dataclass(frozen=True)
@@ -43,56 +69,58 @@ class Objective:
     """A registered objective and what the trainer must supply for it.
 
     ``needs_reference(config)``: logits (and hidden states) of the frozen start model; ``needs_hidden_states``:
-    ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO).
+    ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO);
+    ``hyperparameters``: the config fields the objective reads; ``normalized_by``: one of :data:`NORMALIZATIONS`;
+    ``prepare(model, config)``: called once before training, before any weight changes, to refuse a model the
+    objective cannot work with or to choose which parameters train.
     """
 
     name: str
     fn: Callable[[LossInputs], torch.Tensor]
     needs_reference: Callable[[Any], bool]
-    citation: str
+    paper: Paper | None = None
+    hyperparameters: tuple[str, ...] = ()
+    normalized_by: str = "answer_tokens"
     needs_hidden_states: bool = False
     needs_refusal: bool = False
+    prepare: Callable[[Any, Any], None] | None = None
 
 
 FORGET_OBJECTIVES: dict[str, Objective] = {}
 RETAIN_OBJECTIVES: dict[str, Objective] = {}
 
 
-def _register(
-    registry: dict[str, Objective],
-    name: str,
-    citation: str,
-    needs_reference: bool | Callable[[Any], bool],
-    needs_hidden_states: bool,
-    needs_refusal: bool,
-) -> Callable[[Callable[[LossInputs], torch.Tensor]], Callable[[LossInputs], torch.Tensor]]:
+def _register(registry: dict[str, Objective], name: str, needs_reference: bool | Callable[[Any], bool], **options):
+    if options.get("normalized_by", "answer_tokens") not in NORMALIZATIONS:
+        raise ValueError(f"normalized_by must be one of {NORMALIZATIONS}, got {options['normalized_by']!r}.")
+    unknown = set(options) - {"paper", "hyperparameters", "normalized_by", "needs_hidden_states", "needs_refusal",
+                              "prepare"}  # fmt: skip
+    if unknown:
+        raise TypeError(f"Unknown objective option(s) {sorted(unknown)}.")
+
     def decorator(fn: Callable[[LossInputs], torch.Tensor]) -> Callable[[LossInputs], torch.Tensor]:
         needs = needs_reference if callable(needs_reference) else (lambda _config, value=needs_reference: value)
-        registry[name] = Objective(name, fn, needs, citation, needs_hidden_states, needs_refusal)
+        registry[name] = Objective(name, fn, needs, **options)
         return fn
 
     return decorator
 
 
-def register_forget_objective(
-    name: str,
-    citation: str = "",
-    needs_reference: bool | Callable[[Any], bool] = False,
-    needs_hidden_states: bool = False,
-    needs_refusal: bool = False,
-):
-    """Register a forget objective under ``name`` (usable as ``UnlearnConfig(forget_loss=name)``)."""
-    return _register(FORGET_OBJECTIVES, name, citation, needs_reference, needs_hidden_states, needs_refusal)
+def register_forget_objective(name: str, needs_reference: bool | Callable[[Any], bool] = False, **options: Any):
+    """Register a forget objective under ``name`` (usable as ``UnlearnConfig(forget_loss=name)``).
+
+    ``needs_reference``: a bool, or a function of the config. ``options`` are :class:`Objective`'s fields:
+    ``paper``, ``hyperparameters``, ``normalized_by``, ``needs_hidden_states``, ``needs_refusal``, ``prepare``.
+    """
+    return _register(FORGET_OBJECTIVES, name, needs_reference, **options)
 
 
-def register_retain_objective(
-    name: str,
-    citation: str = "",
-    needs_reference: bool | Callable[[Any], bool] = False,
-    needs_hidden_states: bool = False,
-):
-    """Register a retain objective under ``name`` (usable as ``UnlearnConfig(retain_loss=name)``)."""
-    return _register(RETAIN_OBJECTIVES, name, citation, needs_reference, needs_hidden_states, False)
+def register_retain_objective(name: str, needs_reference: bool | Callable[[Any], bool] = False, **options: Any):
+    """Register a retain objective under ``name`` (usable as ``UnlearnConfig(retain_loss=name)``); the options
+    are :func:`register_forget_objective`'s, except ``needs_refusal``."""
+    if options.get("needs_refusal"):
+        raise ValueError("Only forget objectives can ask for refusal answers (needs_refusal).")
+    return _register(RETAIN_OBJECTIVES, name, needs_reference, **options)
 
 
 def get_objective(registry: dict[str, Objective], name: str, kind: str) -> Objective:
@@ -101,24 +129,23 @@ def get_objective(registry: dict[str, Objective], name: str, kind: str) -> Objec
     return registry[name]
 
 
-def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of each answer token and the answer-token mask, after the causal shift."""
-    logits, labels = shift_for_causal_lm(logits, labels)
-    mask = labels != IGNORE_INDEX
-    log_probs = -F.cross_entropy(logits.transpose(1, 2).float(), labels.masked_fill(~mask, 0), reduction="none")
-    return log_probs * mask, mask
+def _mean(total: torch.Tensor, local_count: torch.Tensor | int, inputs: LossInputs) -> torch.Tensor:
+    """``total`` over the accumulated batch's count when the trainer gave one, else over this batch's."""
+    return total / (inputs.num_items if inputs.num_items is not None else local_count)
 
 
-def _require_answer_tokens(mask: torch.Tensor) -> None:
-    if not mask.any():
+def _require_answer_tokens(mask: torch.Tensor, inputs: LossInputs) -> None:
+    """Refuse a batch without answer tokens. Skipped under the trainer (``num_items`` given), which checked every
+    example before training: reading the device here would cost a host sync per step on a GPU."""
+    if inputs.num_items is None and not mask.any():
         raise ValueError("The batch has no answer tokens (all labels are -100): there is nothing to score.")
 
 
 def answer_nll(inputs: LossInputs) -> torch.Tensor:
     """Mean negative log-likelihood over the answer tokens of the batch."""
     log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
-    _require_answer_tokens(mask)
-    return -log_probs.sum() / mask.sum()
+    _require_answer_tokens(mask, inputs)
+    return _mean(-log_probs.sum(), mask.sum(), inputs)
 
 
 def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -127,13 +154,37 @@ def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return log_probs.sum(-1)
 
 
+def _vocab_size(model: Any) -> int:
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embeddings is not None and hasattr(embeddings, "weight"):
+        return embeddings.weight.shape[0]
+    return model.config.get_text_config().vocab_size
+
+
 # --- forget objectives ------------------------------------------------------------------------------------
+
+MASC_PAPER = Paper(
+    "Fast Unlearning at Scale via Margin Self-Correction",
+    "https://arxiv.org/abs/2606.02920",
+    "Di Gennaro, Shevchenko, Yang",
+)
+
+
+def _check_masc_k(model: Any, config: Any) -> None:
+    vocab_size = _vocab_size(model)
+    if config.masc_k >= vocab_size:
+        raise ValueError(
+            f"masc_k={config.masc_k} is not smaller than the vocabulary size {vocab_size}: the k competitors are "
+            "other tokens than the target. Lower masc_k."
+        )
 
 
 @register_forget_objective(
     "masc",
-    citation="Di Gennaro, Shevchenko, Yang. Fast Unlearning at Scale via Margin Self-Correction. arXiv 2606.02920",
+    paper=MASC_PAPER,
     needs_reference=lambda config: config.competitor_source == "teacher",
+    hyperparameters=("masc_k", "masc_beta", "masc_rho", "masc_eta", "competitor_source", "competitor_delta"),
+    prepare=_check_masc_k,
 )
 def masc_loss(inputs: LossInputs) -> torch.Tensor:
     """Buffered hinge on the restricted margin of every answer token (MASC §3)."""
@@ -145,10 +196,17 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     result = restricted_margin(
         logits, labels, k=config.masc_k, beta=config.masc_beta, teacher_logits=teacher, delta=config.competitor_delta
     )
-    return masc_hinge(result, tau=config.masc_tau, eta=config.masc_eta)
+    return masc_hinge(result, tau=config.masc_tau, eta=config.masc_eta, num_items=inputs.num_items)
 
 
-@register_forget_objective("ga", citation="Gradient ascent on the forget set (Jang et al., ACL 2023)")
+@register_forget_objective(
+    "ga",
+    paper=Paper(
+        "Knowledge Unlearning for Mitigating Privacy Risks in Language Models",
+        "https://arxiv.org/abs/2210.01504",
+        "Jang et al.",
+    ),
+)
 def gradient_ascent_loss(inputs: LossInputs) -> torch.Tensor:
     """``-NLL_f``: minimising it raises the NLL of the forget answers (DESIGN §5, GA)."""
     return -answer_nll(inputs)
@@ -156,8 +214,10 @@ def gradient_ascent_loss(inputs: LossInputs) -> torch.Tensor:
 
 @register_forget_objective(
     "npo",
-    citation="Zhang, Lin, Bai, Mei. Negative Preference Optimization. arXiv 2404.05868",
+    paper=Paper("Negative Preference Optimization", "https://arxiv.org/abs/2404.05868", "Zhang, Lin, Bai, Mei"),
     needs_reference=True,
+    hyperparameters=("npo_beta",),
+    normalized_by="sequences",
 )
 def npo_loss(inputs: LossInputs) -> torch.Tensor:
     """``-(2/beta) mean log sigmoid(-beta (log pi(y|x) - log pi_ref(y|x)))`` with sequence-summed log ratios.
@@ -165,15 +225,23 @@ def npo_loss(inputs: LossInputs) -> torch.Tensor:
     NPO (arXiv 2404.05868, eq. 3), beta = ``config.npo_beta`` (0.1).
     """
     beta = inputs.config.npo_beta
-    _require_answer_tokens(inputs.labels != IGNORE_INDEX)
+    _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
     log_ratio = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
         inputs.reference_logits, inputs.labels
     )
-    return -(2.0 / beta) * F.logsigmoid(-beta * log_ratio).mean()
+    losses = -(2.0 / beta) * F.logsigmoid(-beta * log_ratio)
+    return _mean(losses.sum(), losses.numel(), inputs)
 
 
 @register_forget_objective(
-    "simnpo", citation="Fan et al. Simplicity Prevails: Rethinking Negative Preference Optimization. arXiv 2410.07163"
+    "simnpo",
+    paper=Paper(
+        "Simplicity Prevails: Rethinking Negative Preference Optimization for LLM Unlearning",
+        "https://arxiv.org/abs/2410.07163",
+        "Fan et al.",
+    ),
+    hyperparameters=("simnpo_beta", "simnpo_delta"),
+    normalized_by="sequences",
 )
 def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
     """``-(2/beta) mean log sigmoid(beta (NLL(y|x)/|y| - delta))``: length-normalised NPO without a reference.
@@ -182,102 +250,170 @@ def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
     """
     config = inputs.config
     log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
-    _require_answer_tokens(mask)
+    _require_answer_tokens(mask, inputs)
     lengths = mask.sum(-1).clamp(min=1)
     mean_nll = -log_probs.sum(-1) / lengths
-    return -(2.0 / config.simnpo_beta) * F.logsigmoid(config.simnpo_beta * (mean_nll - config.simnpo_delta)).mean()
+    losses = -(2.0 / config.simnpo_beta) * F.logsigmoid(config.simnpo_beta * (mean_nll - config.simnpo_delta))
+    return _mean(losses.sum(), losses.numel(), inputs)
 
 
 @register_forget_objective(
     "idk_dpo",
-    citation="Maini et al. TOFU (arXiv 2401.06121), IdkDPO: DPO (Rafailov et al. 2023) with refusals preferred",
+    paper=Paper(
+        "TOFU: A Task of Fictitious Unlearning for LLMs (IdkDPO)", "https://arxiv.org/abs/2401.06121", "Maini et al."
+    ),
     needs_reference=True,
+    hyperparameters=("dpo_beta", "refusal_answers"),
+    normalized_by="sequences",
     needs_refusal=True,
 )
 def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
     """DPO with the refusal as the chosen answer and the forget answer as the rejected one.
 
     ``-mean log sigmoid(beta [(log pi(y_idk) - log pi_ref(y_idk)) - (log pi(y) - log pi_ref(y))])``, beta =
-    ``config.dpo_beta`` (0.1), sequence-summed log-probabilities.
+    ``config.dpo_beta`` (0.1), sequence-summed log-probabilities. open-unlearning scales this loss by 2/beta; we
+    keep DPO's own scale.
     """
     refusal = inputs.refusal
-    _require_answer_tokens(inputs.labels != IGNORE_INDEX)
+    _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
     chosen = sequence_log_prob(refusal.logits, refusal.labels) - sequence_log_prob(
         refusal.reference_logits, refusal.labels
     )
     rejected = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
         inputs.reference_logits, inputs.labels
     )
-    return -F.logsigmoid(inputs.config.dpo_beta * (chosen - rejected)).mean()
+    losses = -F.logsigmoid(inputs.config.dpo_beta * (chosen - rejected))
+    return _mean(losses.sum(), losses.numel(), inputs)
 
 
 @register_forget_objective(
     "undial",
-    citation="Dong et al. UNDIAL: Self-Distillation with Adjusted Logits for Robust Unlearning. arXiv 2402.10052",
+    paper=Paper(
+        "UNDIAL: Self-Distillation with Adjusted Logits for Robust Unlearning in Large Language Models",
+        "https://arxiv.org/abs/2402.10052",
+        "Dong et al.",
+    ),
     needs_reference=True,
+    hyperparameters=("undial_beta",),
 )
 def undial_loss(inputs: LossInputs) -> torch.Tensor:
     """Cross-entropy to ``softmax(z_ref - beta * onehot(y))`` on the answer tokens, beta = ``config.undial_beta``.
 
     UNDIAL (arXiv 2402.10052, §3): the frozen model's distribution with the target token's logit lowered.
+    open-unlearning averages over every position (prompt and padding too); we average over answer tokens.
     """
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
     reference, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
     mask = labels != IGNORE_INDEX
-    _require_answer_tokens(mask)
-    adjusted = (
-        reference[mask]
-        .float()
-        .scatter_add(
-            -1,
-            labels[mask].unsqueeze(-1),
-            torch.full((int(mask.sum()), 1), -inputs.config.undial_beta, device=logits.device),
-        )
-    )
+    _require_answer_tokens(mask, inputs)
+    # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
+    answer_labels = labels[mask].unsqueeze(-1)
+    lowered = torch.full(answer_labels.shape, -inputs.config.undial_beta, device=logits.device)
+    adjusted = reference[mask].float().scatter_add(-1, answer_labels, lowered)
     target = F.softmax(adjusted, dim=-1)
-    return -(target * F.log_softmax(logits[mask].float(), dim=-1)).sum(-1).mean()
+    cross_entropy = -(target * F.log_softmax(logits[mask].float(), dim=-1)).sum(-1)
+    return _mean(cross_entropy.sum(), cross_entropy.numel(), inputs)
 
 
 def _rmu_hidden(hidden_states: tuple[torch.Tensor, ...], layer: int) -> torch.Tensor:
     return hidden_states[layer + 1]  # hidden_states[0] is the embedding output
 
 
-def _masked_mse(hidden: torch.Tensor, target: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean over attended tokens of the per-token mean squared error across the hidden dimension."""
+def _masked_squared_error(hidden: torch.Tensor, target: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
+    """Per attended token, the mean squared error across the hidden dimension; averaged over attended tokens."""
     per_token = (hidden.float() - target.float()).pow(2).mean(-1)
-    mask = attention_mask.bool()
-    return per_token[mask].mean()
+    mask = inputs.attention_mask.to(per_token.dtype)
+    return _mean((per_token * mask).sum(), mask.sum(), inputs)
+
+
+def _select_rmu_parameters(model: Any, config: Any) -> None:
+    """RMU trains only the MLP weights of a few layers (arXiv 2403.03218, §5); freeze everything else.
+
+    ``output_hidden_states`` gives the output of decoder layer l as ``hidden_states[l + 1]`` for every layer but
+    the last, whose entry is taken after the model's final norm (Llama, Qwen2, GPT-2 alike), so the last layer
+    cannot be steered this way and is refused.
+    """
+    if hasattr(model, "peft_config"):
+        raise ValueError("RMU chooses which MLP weights train itself; pass the base model without a PEFT wrapper.")
+    num_layers = model.config.get_text_config().num_hidden_layers
+    if num_layers < 2:
+        raise ValueError(
+            f"RMU steers the output of a decoder layer below the last one, and {type(model).__name__} has "
+            f"{num_layers} layer: use a model with at least 2 layers or another method."
+        )
+    if config.rmu_layer is None:
+        config.rmu_layer = min(7, num_layers - 2)
+        logger.warning(
+            f"RMU: rmu_layer was not set; steering decoder layer {config.rmu_layer} (of 0..{num_layers - 1})."
+        )
+    if not 0 <= config.rmu_layer < num_layers:
+        raise ValueError(f"rmu_layer={config.rmu_layer} but the model has {num_layers} layers (0..{num_layers - 1}).")
+    if config.rmu_layer == num_layers - 1:
+        raise ValueError(
+            f"rmu_layer={config.rmu_layer} is the last decoder layer, whose hidden state the model only returns after "
+            f"its final norm, so RMU would steer the normalised output instead of the layer's. Choose a layer "
+            f"between 0 and {num_layers - 2}."
+        )
+    if config.rmu_trainable_layers is None:
+        config.rmu_trainable_layers = [i for i in range(config.rmu_layer - 2, config.rmu_layer + 1) if i >= 0]
+        logger.warning(
+            f"RMU: training the MLP weights of layers {config.rmu_trainable_layers} (rmu_trainable_layers)."
+        )
+    pattern = re.compile(r"\.(?:layers|h|blocks)\.(" + "|".join(map(str, config.rmu_trainable_layers)) + r")\.mlp\.")
+    selected = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_(bool(pattern.search(name)))
+        selected += int(param.requires_grad)
+    if selected == 0:
+        raise ValueError(
+            f"RMU found no MLP weights of layers {config.rmu_trainable_layers} in {type(model).__name__} "
+            "(looked for '.layers.N.mlp.' / '.h.N.mlp.'); set rmu_trainable_layers."
+        )
+
+
+RMU_PAPER = Paper(
+    "The WMDP Benchmark: Measuring and Reducing Malicious Use With Unlearning (RMU)",
+    "https://arxiv.org/abs/2403.03218",
+    "Li et al.",
+)
 
 
 @register_forget_objective(
     "rmu",
-    citation="Li et al. The WMDP Benchmark (RMU). arXiv 2403.03218",
+    paper=RMU_PAPER,
+    hyperparameters=("rmu_layer", "rmu_trainable_layers", "rmu_steering_coefficient"),
+    normalized_by="attended_tokens",
     needs_hidden_states=True,
+    prepare=_select_rmu_parameters,
 )
 def rmu_forget_loss(inputs: LossInputs) -> torch.Tensor:
     """``MSE(h_l(x_forget), c * u)``: steer layer l's activations on forget inputs to a fixed random direction.
 
     RMU (arXiv 2403.03218, §5): u is a random unit vector fixed for the run (seeded), c =
-    ``config.rmu_steering_coefficient``; l = ``config.rmu_layer``.
+    ``config.rmu_steering_coefficient``; l = ``config.rmu_layer``. Averaged over every attended token (prompt
+    included), as the WMDP reference does; open-unlearning's TOFU variant uses answer tokens.
     """
     config = inputs.config
     hidden = _rmu_hidden(inputs.hidden_states, config.rmu_layer)
     direction = rmu_direction(hidden.shape[-1], config.seed, hidden.device)
     target = (config.rmu_steering_coefficient * direction).expand_as(hidden)
-    return _masked_mse(hidden, target, inputs.attention_mask)
+    return _masked_squared_error(hidden, target, inputs)
 
 
 @register_retain_objective(
     "rmu_retain",
-    citation="RMU retain term: MSE to the frozen model's activations on retain inputs (arXiv 2403.03218, §5)",
+    paper=RMU_PAPER,
     needs_reference=True,
+    hyperparameters=("rmu_layer",),
+    normalized_by="attended_tokens",
     needs_hidden_states=True,
 )
 def rmu_retain_loss(inputs: LossInputs) -> torch.Tensor:
+    """RMU retain term: MSE to the frozen model's layer-l activations on retain inputs (arXiv 2403.03218, §5)."""
     layer = inputs.config.rmu_layer
     hidden = _rmu_hidden(inputs.hidden_states, layer)
     target = _rmu_hidden(inputs.reference_hidden_states, layer)
-    return _masked_mse(hidden, target, inputs.attention_mask)
+    return _masked_squared_error(hidden, target, inputs)
 
 
 def rmu_direction(size: int, seed: int, device: torch.device) -> torch.Tensor:
@@ -290,20 +426,28 @@ def rmu_direction(size: int, seed: int, device: torch.device) -> torch.Tensor:
 # --- retain objectives ------------------------------------------------------------------------------------
 
 
-@register_retain_objective("nll", citation="Cross-entropy on retain answers (GradDiff, Liu et al. 2022)")
+@register_retain_objective(
+    "nll",
+    paper=Paper(
+        "Continual Learning and Private Unlearning (GradDiff)", "https://arxiv.org/abs/2203.12817", "Liu et al."
+    ),
+)
 def retain_nll_loss(inputs: LossInputs) -> torch.Tensor:
+    """Cross-entropy on the retain answers (GradDiff's retain term)."""
     return answer_nll(inputs)
 
 
-@register_retain_objective(
-    "kl", citation="Token-mean KL(p_ref || p_theta) on retain answers (MASC §3, NPO+KLR)", needs_reference=True
-)
+@register_retain_objective("kl", paper=MASC_PAPER, needs_reference=True)
 def retain_kl_loss(inputs: LossInputs) -> torch.Tensor:
-    """Token-mean ``KL(p_theta0 || p_theta)`` over retain answer tokens (MASC §3 objective)."""
+    """Token-mean ``KL(p_theta0 || p_theta)`` over retain answer tokens (MASC §3 objective, NPO+KLR).
+
+    open-unlearning averages over every position (prompt and padding too); we average over answer tokens.
+    """
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
     reference, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
     mask = labels != IGNORE_INDEX
-    _require_answer_tokens(mask)
+    _require_answer_tokens(mask, inputs)
+    # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
     log_p = F.log_softmax(logits[mask].float(), dim=-1)
     log_p_ref = F.log_softmax(reference[mask].float(), dim=-1)
-    return F.kl_div(log_p, log_p_ref, log_target=True, reduction="batchmean")
+    return _mean(F.kl_div(log_p, log_p_ref, log_target=True, reduction="sum"), mask.sum(), inputs)

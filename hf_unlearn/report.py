@@ -1,4 +1,8 @@
-"""The run report: ``report.json`` (machine-readable), ``report.md`` (a table a person reads) and a PNG plot."""
+"""The run report: ``report.json`` (the run record), ``report.md`` (a table a person reads) and a PNG plot.
+
+Everything here reads an :class:`~hf_unlearn.record.UnlearnRecord` or an evaluation result; nothing reaches into
+a trainer or runs a model.
+"""
 
 from __future__ import annotations
 
@@ -6,60 +10,9 @@ import json
 import os
 from typing import Any
 
+from .record import UnlearnRecord
+
 METRICS = ("rouge_l_recall", "probability", "exact_match")
-
-
-def build_report(trainer: Any, before: dict[str, dict], after: dict[str, dict], extra: dict | None = None) -> dict:
-    """Collect what a run did from an :class:`~hf_unlearn.UnlearnTrainer` after ``train()``.
-
-    ``before`` and ``after`` map ``"forget"`` and ``"retain"`` to metric dicts (see :mod:`hf_unlearn.metrics`).
-    """
-    args = trainer.args
-    stopping = trainer.stopping_callback
-    bound = trainer.exact_reproduction_bound()
-    forget_objective, retain_objective = args.objectives
-    report = {
-        "method": args.method,
-        "forget_objective": forget_objective,
-        "retain_objective": retain_objective,
-        "stopped_early": stopping.stopped_early,
-        "stop_step": stopping.stop_step if stopping.stopped_early else trainer.state.global_step,
-        "max_steps": trainer.state.max_steps,
-        "wall_seconds": trainer.train_wall_seconds,
-        "violation_rate": stopping.last_violation_rate,
-        "alpha": args.stop_alpha,
-        "stop_probe": args.stop_probe,
-        "exact_reproduction_bound": bound["mean"],
-        "exact_reproduction_bound_max": bound["max"],
-        "exact_reproduction_bound_violation_rate": bound["violation_rate"],
-        "hyperparameters": {
-            "learning_rate": args.learning_rate,
-            "per_device_train_batch_size": args.per_device_train_batch_size,
-            "forget_weight": args.forget_weight,
-            "retain_weight": args.retain_weight,
-            "masc_k": args.masc_k,
-            "masc_beta": args.masc_beta,
-            "masc_rho": args.masc_rho,
-            "masc_tau": args.masc_tau,
-            "masc_eta": args.masc_eta,
-            "competitor_source": args.competitor_source,
-            "probe_interval": args.probe_interval,
-            "holdout_fraction": args.holdout_fraction,
-            "hoeffding": args.hoeffding,
-            "gradient_surgery": args.gradient_surgery,
-        },
-        "before": before,
-        "after": after,
-        "history": stopping.history,
-        "surgery_history": [
-            {"step": log["step"], **{k: v for k, v in log.items() if k.startswith("surgery/")}}
-            for log in trainer.state.log_history
-            if any(k.startswith("surgery/") for k in log)
-        ],
-    }
-    if extra:
-        report.update(extra)
-    return report
 
 
 def format_value(value: Any, spec: str = ".3f") -> str:
@@ -71,54 +24,84 @@ def format_value(value: Any, spec: str = ".3f") -> str:
     return str(value)
 
 
-def report_table(report: dict) -> str:
+def report_table(record: UnlearnRecord) -> str:
     """Before/after table in Markdown (also what the CLI prints)."""
     lines = ["| split | metric | before | after | change |", "|---|---|---|---|---|"]
     for split in ("forget", "retain"):
-        if split not in report["before"] or split not in report["after"]:
+        if split not in record.before or split not in record.after:
             continue
-        metrics = METRICS + (("truth_ratio",) if report["after"][split].get("truth_ratio") is not None else ())
+        metrics = METRICS + (("truth_ratio",) if record.after[split].get("truth_ratio") is not None else ())
         for metric in metrics:
-            before = report["before"][split].get(metric)
-            after = report["after"][split].get(metric)
+            before = record.before[split].get(metric)
+            after = record.after[split].get(metric)
             change = None if before is None or after is None else after - before
             cells = " | ".join(format_value(value) for value in (before, after, change))
             lines.append(f"| {split} | {metric} | {cells} |")
     return "\n".join(lines)
 
 
-def forget_quality_line(report: dict) -> str | None:
+def forget_quality_sentence(before: float | None, after: float | None) -> str | None:
+    """One line saying whether unlearning moved the model towards one that never saw the forget set."""
+    if before is None or after is None:
+        return None
+    verdict = (
+        "higher than the target model's: closer to a model that never saw the forget set"
+        if after > before
+        else "not higher than the target model's: no closer to a model that never saw the forget set"
+    )
+    return (
+        f"Forget quality (KS p-value of forget-set truth ratios vs a retain-only model) went from {before:.3g} "
+        f"to {after:.3g}, {verdict}."
+    )
+
+
+def forget_quality_line(record: UnlearnRecord) -> str | None:
     """The report's one line on TOFU forget quality before vs after, when it was measured."""
-    from .evaluation import forget_quality_sentence
-
-    tofu = report.get("tofu") or {}
+    evaluation = record.evaluation or {}
     return forget_quality_sentence(
-        (tofu.get("before") or {}).get("forget_quality"), (tofu.get("after") or {}).get("forget_quality")
+        (evaluation.get("before") or {}).get("forget_quality"), (evaluation.get("after") or {}).get("forget_quality")
     )
 
 
-def report_markdown(report: dict) -> str:
-    stop = (
-        f"stopped itself at step {report['stop_step']} of at most {report['max_steps']}"
-        if report["stopped_early"]
-        else f"ran the whole budget ({report['max_steps']} steps) without meeting the stopping rule"
-    )
+def stop_sentence(record: UnlearnRecord) -> str:
+    """How the run ended, in one clause: the stopping rule, the budget, or something else."""
+    if record.stopped_early:
+        return f"stopped itself at step {record.stop_step} of at most {record.max_steps}"
+    if record.global_step >= record.max_steps > 0:
+        if record.stopping_rule:
+            return f"ran the whole budget ({record.max_steps} steps) without meeting the stopping rule"
+        return f"ran the whole budget ({record.max_steps} steps; no stopping rule)"
+    return f"ended at step {record.global_step} of {record.max_steps}"
+
+
+def report_markdown(record: UnlearnRecord) -> str:
+    bound = record.exact_reproduction_bound or {}
     summary = [
-        f"# Unlearning report: {report['method']}",
+        f"# Unlearning report: {record.method}",
         "",
-        f"- Objectives: forget `{report['forget_objective']}`, retain `{report['retain_objective']}`.",
-        f"- Training {stop} in {format_value(report['wall_seconds'])} s (probes included).",
-        f"- Last violation rate ({report['stop_probe']} probe): {format_value(report['violation_rate'])} "
-        f"(alpha = {format_value(report['alpha'])}).",
-        f"- Exact-reproduction bound (MASC Proposition 1, mean over forget answers): "
-        f"{format_value(report['exact_reproduction_bound'])}; measured exact match after: "
-        f"{format_value(report['after'].get('forget', {}).get('exact_match'))}.",
-        "",
+        f"- Objectives: forget `{record.forget_objective}`, retain `{record.retain_objective}`"
+        + (f", gradient surgery `{record.gradient_surgery}`." if record.gradient_surgery != "sum" else "."),
+        f"- Training {stop_sentence(record)} in {format_value(record.wall_seconds)} s (probes included).",
+        f"- Why it stopped: {record.stop_reason}.",
     ]
-    if forget_quality_line(report):
-        summary.insert(-1, f"- {forget_quality_line(report)}")
-    if report["before"] and report["after"]:
-        summary += [report_table(report), ""]
+    if record.violation_rate is not None:
+        probe, alpha = record.hyperparameters.get("stop_probe", "train"), record.hyperparameters.get("stop_alpha")
+        summary.append(
+            f"- Last violation rate ({probe} probe): {format_value(record.violation_rate)} "
+            f"(alpha = {format_value(alpha)})."
+        )
+    if bound:
+        summary.append(
+            f"- Exact-reproduction bound (MASC Proposition 1, mean over forget answers): "
+            f"{format_value(bound.get('mean'))}; measured exact match after: "
+            f"{format_value(record.after.get('forget', {}).get('exact_match'))}."
+        )
+    line = forget_quality_line(record)
+    if line:
+        summary.append(f"- {line}")
+    summary.append("")
+    if record.before and record.after:
+        summary += [report_table(record), ""]
     return "\n".join(summary)
 
 
@@ -179,20 +162,58 @@ def plot_history(
     return path
 
 
-def write_report(report: dict, output_dir: str) -> dict[str, str]:
-    """Write report.json, report.md and training_curves.png into ``output_dir``; return their paths."""
+def write_report(record: UnlearnRecord, output_dir: str) -> dict[str, str]:
+    """Write report.json (the record), report.md and training_curves.png into ``output_dir``; return their paths."""
     os.makedirs(output_dir, exist_ok=True)
     paths = {"json": os.path.join(output_dir, "report.json"), "markdown": os.path.join(output_dir, "report.md")}
     with open(paths["json"], "w") as f:
-        json.dump(report, f, indent=2)
+        json.dump(record.to_dict(), f, indent=2)
     with open(paths["markdown"], "w") as f:
-        f.write(report_markdown(report))
+        f.write(report_markdown(record))
     plot = plot_history(
-        report.get("history", []),
+        record.probe_history,
         os.path.join(output_dir, "training_curves.png"),
-        report["alpha"],
-        report.get("surgery_history"),
+        record.hyperparameters.get("stop_alpha"),
+        record.surgery_history,
     )
     if plot:
         paths["plot"] = plot
     return paths
+
+
+def evaluation_markdown(result: dict[str, Any]) -> str:
+    """A short Markdown summary of :func:`evaluate_benchmark`'s (or :func:`evaluate_unlearning`'s) result."""
+
+    lines = [f"# Evaluation of {result.get('model', 'the model')}", ""]
+    if "forget" in result:
+        lines += ["| set | ROUGE-L recall | probability | exact match | truth ratio |", "|---|---|---|---|---|"]
+        for name, metrics in result.items():
+            if isinstance(metrics, dict) and "rouge_l_recall" in metrics:
+                lines.append(
+                    f"| {name} | {_fmt4(metrics['rouge_l_recall'])} | {_fmt4(metrics['probability'])} | "
+                    f"{_fmt4(metrics['exact_match'])} | {_fmt4(metrics.get('truth_ratio'))} |"
+                )
+        lines += [
+            "",
+            f"- Forget quality (KS p-value vs the retain-only model): {_fmt4(result.get('forget_quality'))}",
+            f"- Model utility (harmonic mean of retain metrics): {_fmt4(result.get('model_utility'))}",
+            f"- Exact-reproduction bound (MASC Proposition 1): {_fmt4(result.get('exact_reproduction_bound'))} "
+            f"(measured exact match {_fmt4(result['forget'].get('exact_match'))})",
+            "",
+        ]
+    muse = result.get("muse")
+    if muse:
+        lines += ["## MUSE", "", "| metric | value |", "|---|---|"]
+        for key in ("verbmem_forget", "knowmem_forget", "knowmem_retain"):
+            if key in muse:
+                lines.append(f"| {key} (ROUGE-L F1) | {_fmt4(muse[key])} |")
+        for attack, auc in (muse.get("auc") or {}).items():
+            leak = (muse.get("privleak") or {}).get(attack)
+            lines.append(f"| membership AUC, {attack} | {_fmt4(auc)} |")
+            lines.append(f"| PrivLeak, {attack} (%, ideal about 0) | {_fmt4(leak)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt4(value: Any) -> str:
+    return format_value(value, ".4g")

@@ -3,7 +3,8 @@
 Pure functions over lists of per-parameter tensors. "Module-wise" means per parameter tensor. Reference:
 Xiao et al., "Modeling LLM Unlearning as an Asymmetric Two-Task Learning Problem", ACL 2026, arXiv 2604.14808
 (retain is the primary task, forget the auxiliary one; SAGO and module-wise PCGrad); PCGrad after Yu et al.,
-"Gradient Surgery for Multi-Task Learning", NeurIPS 2020.
+"Gradient Surgery for Multi-Task Learning", NeurIPS 2020. Everything stays on the gradients' device: no value is
+read back to the host, so a step costs no synchronisation on a GPU.
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ from collections.abc import Sequence
 
 import torch
 
-STRATEGIES = ("sum", "pcgrad", "pcgrad_global", "sago", "sago_prefer_retain", "blur")
+STRATEGIES = ("sum", "pcgrad", "pcgrad_global", "sago", "sago_prefer_retain", "blur", "blur_per_tensor")
 EPS = 1e-10
-
-
-def _conflicts(forget: torch.Tensor, retain: torch.Tensor) -> torch.Tensor:
-    """Coordinates where the two gradients point in opposite directions (zeros never conflict)."""
-    return torch.sign(forget) * torch.sign(retain) < 0
+SURGERY_PAPER = (
+    "Modeling LLM Unlearning as an Asymmetric Two-Task Learning Problem",
+    "https://arxiv.org/abs/2604.14808",
+    "Xiao et al.",
+)
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Dot product of two same-shape tensors, accumulated in float64 without a float64 copy of fp32 inputs."""
+    """Dot product of two same-shape tensors as a float64 0-dim tensor (no float64 copy of fp32 inputs)."""
     if a.dtype in (torch.float16, torch.bfloat16):
         a, b = a.float(), b.float()
     return torch.dot(a.reshape(-1), b.reshape(-1)).double()
@@ -57,15 +58,15 @@ def _sago_(
     drop_retain: bool,
     gamma: float,
     alpha: float,
-    count_conflicts: bool = True,
-) -> int:
+    stats: dict[str, torch.Tensor] | None,
+) -> None:
     """SAGO into ``out`` (which may be ``retain``); the forget tensor is used as scratch.
 
     ``sago``: ``alpha r`` where the signs conflict, ``gamma f`` elsewhere; ``sago_prefer_retain``:
     ``alpha r + gamma f`` with f zeroed where they conflict. The conflict test is ``f * r < 0`` (opposite
     signs; a zero never conflicts). Selection is done by multiplying with the 0/1 indicator and its complement,
-    which is exact and, on CPU, several times faster than ``torch.where`` or ``masked_fill``.
-    Returns the number of conflicting coordinates (0 unless ``count_conflicts``).
+    which is exact and, on CPU, several times faster than ``torch.where`` or ``masked_fill``. With ``stats``,
+    adds this tensor's conflicting coordinates and ``<u, g_r>``, ``||u||^2`` to it, on the device.
     """
     shape = out.shape
     f, r = forget.reshape(-1), retain.reshape(-1)
@@ -74,22 +75,26 @@ def _sago_(
         f, r = f.contiguous().clone(), r.contiguous().clone()
     block = min(_BLOCK, f.numel())
     indicator = torch.empty(block, dtype=f.dtype, device=f.device)
-    count = 0.0
+    retain_before = torch.empty(block, dtype=f.dtype, device=f.device) if stats is not None else None
     for start in range(0, f.numel(), block):
         end = min(start + block, f.numel())
         fb, rb, conflict = f[start:end], r[start:end], indicator[: end - start]
+        if retain_before is not None:
+            retain_before[: end - start].copy_(rb)
         torch.mul(fb, rb, out=conflict).lt_(0)  # 1.0 where the signs conflict, else 0.0
-        if count_conflicts:
-            count += conflict.sum().item()
+        if stats is not None:
+            stats["conflicts"] += conflict.sum(dtype=torch.float64)
         if drop_retain:
             rb.mul_(conflict)
         if alpha != 1.0:
             rb.mul_(alpha)
         keep = conflict.sub_(1).neg_()  # 1.0 where they do not conflict
         rb.addcmul_(fb, keep, value=gamma)
+        if stats is not None:
+            stats["dot_ur"] += _dot(rb, retain_before[: end - start])
+            stats["norm_u2"] += _dot(rb, rb)
     if not in_place:
         out.copy_(r.view(shape))
-    return int(count)
 
 
 def combine_gradients_(
@@ -99,7 +104,7 @@ def combine_gradients_(
     forget_weight: float = 1.0,
     retain_weight: float = 1.0,
     with_stats: bool = True,
-) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+) -> tuple[list[torch.Tensor | None], dict[str, torch.Tensor]]:
     """Combine in place: the update is written into the retain tensors, the forget tensors are consumed.
 
     Formulas (DESIGN §4, after arXiv 2604.14808), with gamma = ``forget_weight``, alpha = ``retain_weight``:
@@ -110,67 +115,102 @@ def combine_gradients_(
     * ``pcgrad_global``: the same with the dot product and norm over all tensors.
     * ``sago``: elementwise conflict ``c = sign(g_f) sign(g_r) < 0``; ``u = alpha g_r 1[c] + gamma g_f 1[not c]``.
     * ``sago_prefer_retain``: ``u = alpha g_r + gamma g_f 1[not c]``.
-    * ``blur`` (forget-priority baseline): ``u = alpha (g_r - <g_r,g_f>/||g_f||^2 g_f) + gamma g_f`` per tensor.
+    * ``blur`` (forget-priority baseline, SAGO's BLUR): ``u = alpha (g_r - <g_r,g_f>/(||g_f||^2 + 1e-10) g_f) +
+      gamma g_f`` with the dot product and norm over all tensors, always applied (no conflict test), as in the
+      SAGO reference code; ``blur_per_tensor`` takes them per tensor instead.
 
-    The linear strategies are one fused ``r = a r + b f`` per tensor; SAGO is one product, one comparison and
-    one select. With ``with_stats`` it also returns ``cos_forget_retain``, ``cos_update_retain`` (>= 0 for
-    the retention-first strategies) and ``conflict_fraction`` (coordinates for sago, tensors for pcgrad), at the
-    cost of a few more passes (the trainer asks for them on logging steps only).
+    With ``with_stats`` it also returns, as float64 0-dim tensors on the gradients' device (nothing is read back
+    to the host): ``cos_forget_retain``, ``cos_update_retain`` (>= 0 for the retention-first strategies) and
+    ``conflict_fraction`` (coordinates for sago, tensors for pcgrad, 0 or 1 for pcgrad_global).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown gradient surgery {strategy!r}; choose one of {STRATEGIES}.")
     pairs = _dense(forget_grads, retain_grads)
-    zero = torch.zeros((), dtype=torch.float64)
-    dot_fr = norm_f2 = norm_r2 = dot_ur = norm_u2 = zero
-    if with_stats or strategy == "pcgrad_global":
-        for f, r in pairs:
-            if f is not None:
-                dot_fr = dot_fr + _dot(f, r)
-                norm_r2 = norm_r2 + _dot(r, r)
-                if with_stats:
-                    norm_f2 = norm_f2 + _dot(f, f)
-    conflicting = total = 0
+    present = [f for f, _ in pairs if f is not None]
+    device = present[0].device if present else torch.device("cpu")
+
+    def zero() -> torch.Tensor:
+        return torch.zeros((), dtype=torch.float64, device=device)
+
+    # Per-tensor <f, r>, ||f||^2, ||r||^2 where the strategy or the statistics need them.
+    needs_fr = with_stats or strategy in ("pcgrad", "pcgrad_global", "blur", "blur_per_tensor")
+    needs_ff = with_stats or strategy in ("blur", "blur_per_tensor")
+    needs_rr = with_stats or strategy in ("pcgrad", "pcgrad_global")
+    scalars = []
+    for f, r in pairs:
+        if f is None:
+            scalars.append(None)
+            continue
+        scalars.append(
+            (
+                _dot(f, r).to(device) if needs_fr else None,
+                _dot(f, f).to(device) if needs_ff else None,
+                _dot(r, r).to(device) if needs_rr else None,
+            )
+        )
+    totals = {"fr": zero(), "ff": zero(), "rr": zero()}
+    for entry in scalars:
+        if entry is not None:
+            for key, value in zip(("fr", "ff", "rr"), entry):
+                if value is not None:
+                    totals[key] += value
+    stats = {"conflicts": zero(), "dot_ur": zero(), "norm_u2": zero()} if with_stats else None
+    total_units = 0
     updates: list[torch.Tensor | None] = []
-    for (f, r), original in zip(pairs, retain_grads):
+    for (f, r), original, entry in zip(pairs, retain_grads, scalars):
         if f is None:
             updates.append(None)
             continue
         out = original if original is not None else r
-        retain_before = r.clone() if with_stats else None
-        if strategy == "sago" or strategy == "sago_prefer_retain":
-            conflicts = _sago_(f, r, out, strategy == "sago", forget_weight, retain_weight, with_stats)
-            if with_stats:
-                conflicting += conflicts
-                total += f.numel()
+        fr, ff, rr = entry
+        if strategy in ("sago", "sago_prefer_retain"):
+            _sago_(f, r, out, strategy == "sago", forget_weight, retain_weight, stats)
+            total_units += f.numel()
+            updates.append(out)
+            continue
+        # Every other strategy is u = a g_r + b g_f with a, b scalars (0-dim tensors, never read on the host).
+        a = torch.full((), retain_weight, dtype=torch.float64, device=device)
+        b = torch.full((), forget_weight, dtype=torch.float64, device=device)
+        if strategy in ("pcgrad", "pcgrad_global"):
+            dot, norm2 = (totals["fr"], totals["rr"]) if strategy == "pcgrad_global" else (fr, rr)
+            conflict = dot < 0
+            a = a - forget_weight * torch.where(conflict, dot / (norm2 + EPS), torch.zeros_like(dot))
+            if stats is not None and strategy == "pcgrad":
+                stats["conflicts"] += conflict.double()
+            total_units += 1
+        elif strategy in ("blur", "blur_per_tensor"):
+            dot, norm2 = (totals["fr"], totals["ff"]) if strategy == "blur" else (fr, ff)
+            b = b - retain_weight * dot / (norm2 + EPS)
+        if strategy == "sum":
+            if retain_weight != 1.0:
+                r.mul_(retain_weight)
+            r.add_(f, alpha=forget_weight)
         else:
-            retain_coefficient, forget_coefficient = retain_weight, forget_weight
-            if strategy in ("pcgrad", "pcgrad_global"):
-                dot = dot_fr if strategy == "pcgrad_global" else _dot(f, r)
-                if dot < 0:
-                    norm2 = norm_r2 if strategy == "pcgrad_global" else _dot(r, r)
-                    retain_coefficient -= forget_weight * (dot / (norm2 + EPS)).item()
-                    conflicting += 1
-                total += 1
-            elif strategy == "blur":
-                retain_forget = _dot(r, f)
-                forget_coefficient -= retain_weight * (retain_forget / (_dot(f, f) + EPS)).item()
-            if retain_coefficient != 1.0:
-                r.mul_(retain_coefficient)
-            torch.add(r, f, alpha=forget_coefficient, out=out)
-        if with_stats:
-            dot_ur = dot_ur + _dot(out, retain_before)
-            norm_u2 = norm_u2 + _dot(out, out)
+            r.mul_(a)
+            r.addcmul_(f, b)  # r += b f, b a 0-dim tensor: no full-size temporary
+        if r is not out:
+            out.copy_(r)
+        if stats is not None:
+            # u = a r + b f, so <u, r> and ||u||^2 follow from the three dot products without another pass.
+            stats["dot_ur"] += a * rr + b * fr
+            stats["norm_u2"] += a * a * rr + 2 * a * b * fr + b * b * ff
         updates.append(out)
+    if not with_stats:
+        return updates, {}
     if strategy == "pcgrad_global":
-        conflicting, total = int(dot_fr < 0), 1
-    stats: dict[str, float] = {}
-    if with_stats:
-        stats = {
-            "cos_forget_retain": (dot_fr / (norm_f2.sqrt() * norm_r2.sqrt() + EPS)).item(),
-            "cos_update_retain": (dot_ur / (norm_u2.sqrt() * norm_r2.sqrt() + EPS)).item(),
-            "conflict_fraction": conflicting / total if total else 0.0,
-        }
-    return updates, stats
+        stats["conflicts"] = (totals["fr"] < 0).double()
+        total_units = 1
+    # A tiny floor, not EPS: gradients of norm ~1e-5 (a loss near its minimum) would otherwise bias the cosines.
+    cos_forget_retain = totals["fr"] / (totals["ff"].sqrt() * totals["rr"].sqrt()).clamp(min=1e-300)
+    cos_update_retain = stats["dot_ur"] / (stats["norm_u2"].clamp(min=0).sqrt() * totals["rr"].sqrt()).clamp(
+        min=1e-300
+    )
+    fraction = stats["conflicts"] / total_units if total_units else zero()
+    return updates, {
+        "cos_forget_retain": cos_forget_retain,
+        "cos_update_retain": cos_update_retain,
+        "conflict_fraction": fraction,
+    }
 
 
 def combine_gradients(

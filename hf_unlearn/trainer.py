@@ -1,18 +1,17 @@
 """`UnlearnTrainer`: a `transformers.Trainer` whose train dataset is the data to forget.
 
-Glue only: it pairs forget with retain batches, runs each objective's forward, backpropagates the forget and
-retain losses, supplies reference logits from one shared mechanism, and hands the stopping rule a probe.
-Trainer's own training loop, checkpointing, logging, accelerate and PEFT handling are used unchanged.
+Glue only: it pairs forget with retain batches, runs the forwards each registered objective declared it needs,
+and backpropagates the forget part and the retain part separately through Trainer's own ``training_step`` (so
+that gradient surgery gets two gradients). Trainer's training loop, loss scaling, DeepSpeed handling,
+checkpointing, logging, accelerate and PEFT handling are used unchanged. At the end of training it produces the
+run's :class:`~hf_unlearn.record.UnlearnRecord`, which every report reads.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import os
-import re
 import time
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -20,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback
-from transformers.utils import is_peft_available
+from transformers.utils import is_peft_available, logging
 
 from .callbacks import ViolationStoppingCallback
-from .config import UnlearnConfig
+from .config import UnlearnConfig, sharded_surgery_error
 from .data import (
     IGNORE_INDEX,
     ForgetRetainCollator,
@@ -32,32 +31,49 @@ from .data import (
     model_inputs,
     split_holdout,
 )
-from .evaluation import measure_violations
-from .margin import exact_reproduction_bound
-from .objectives import (
-    FORGET_OBJECTIVES,
-    RETAIN_OBJECTIVES,
-    LossInputs,
-    Objective,
-    get_objective,
-)
-from .surgery import combine_gradients_
+from .margin import exact_reproduction_bound, measure_violations
+from .objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
+from .record import UnlearnRecord
+from .surgery import SURGERY_PAPER, combine_gradients_
 
 if is_peft_available():
     from peft import PeftModel, get_peft_model
 else:  # pragma: no cover - peft is a dependency, kept optional for users who strip it
     PeftModel = None
 
+logger = logging.get_logger(__name__)
+
+# Training settings that shape every run, recorded next to each objective's own hyperparameters.
+TRAINING_HYPERPARAMETERS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "max_grad_norm",
+    "optim",
+    "weight_decay",
+    "seed",
+    "bf16",
+    "forget_weight",
+    "retain_weight",
+    "gradient_surgery",
+)
+STOPPING_HYPERPARAMETERS = (
+    "stop_alpha",
+    "probe_interval",
+    "stop_probe",
+    "holdout_fraction",
+    "probe_size",
+    "hoeffding",
+    "hoeffding_delta",
+)
+PARTS = ("forget", "retain")
+
 
 def _is_peft_model(model: nn.Module) -> bool:
     return PeftModel is not None and isinstance(model, PeftModel)
-
-
-def _vocab_size(model: nn.Module) -> int:
-    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if embeddings is not None and hasattr(embeddings, "weight"):
-        return embeddings.weight.shape[0]
-    return model.config.get_text_config().vocab_size
 
 
 def _check_examples(dataset: Sequence[Mapping[str, Any]], name: str) -> None:
@@ -99,30 +115,6 @@ def refusal_example(tokenizer: Any, example: Mapping[str, Any], refusal: str) ->
     }
 
 
-def _select_rmu_parameters(model: nn.Module, args: UnlearnConfig) -> None:
-    """RMU trains only the MLP weights of a few layers (arXiv 2403.03218, §5); freeze everything else."""
-    if _is_peft_model(model):
-        raise ValueError("RMU chooses which MLP weights train itself; pass the base model without a PEFT wrapper.")
-    num_layers = model.config.get_text_config().num_hidden_layers
-    if args.rmu_layer is None:
-        # The last entry of hidden_states is after the final norm in most models, so stay one layer below it.
-        args.rmu_layer = max(min(7, num_layers - 2), 0)
-    if not 0 <= args.rmu_layer < num_layers:
-        raise ValueError(f"rmu_layer={args.rmu_layer} but the model has {num_layers} layers (0..{num_layers - 1}).")
-    if args.rmu_trainable_layers is None:
-        args.rmu_trainable_layers = [i for i in (args.rmu_layer - 2, args.rmu_layer - 1, args.rmu_layer) if i >= 0]
-    pattern = re.compile(r"\.(?:layers|h|blocks)\.(" + "|".join(map(str, args.rmu_trainable_layers)) + r")\.mlp\.")
-    selected = 0
-    for name, param in model.named_parameters():
-        param.requires_grad_(bool(pattern.search(name)))
-        selected += int(param.requires_grad)
-    if selected == 0:
-        raise ValueError(
-            f"RMU found no MLP weights of layers {args.rmu_trainable_layers} in {type(model).__name__} "
-            "(looked for '.layers.N.mlp.' / '.h.N.mlp.'); set rmu_trainable_layers."
-        )
-
-
 def _frozen_copy(model: nn.Module) -> nn.Module:
     """A deep copy for the reference model that really runs on its own weights.
 
@@ -152,6 +144,30 @@ def _check_context_length(model: nn.Module, dataset: Sequence[Mapping[str, Any]]
         )
 
 
+def _dataset_description(dataset: Any, num_examples: int | None = None) -> dict[str, Any]:
+    """Name (when the dataset knows it: a Hub dataset's name and config) and size, for the run record."""
+    info = getattr(dataset, "info", None)
+    name = getattr(info, "dataset_name", None) if info is not None else None
+    config_name = getattr(info, "config_name", None) if info is not None else None
+    if name and config_name and config_name != "default":
+        name = f"{name} / {config_name}"
+    return {"name": name, "num_examples": len(dataset) if num_examples is None else num_examples}
+
+
+def count_items(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """``[answer tokens, sequences, attended tokens]`` of one padded batch (the units objectives are averaged
+    over, see :data:`hf_unlearn.objectives.NORMALIZATIONS`); answer tokens counted after the causal shift."""
+    labels = batch["labels"]
+    answer_tokens = (labels[..., 1:] != IGNORE_INDEX).sum()
+    attended = batch["attention_mask"].sum() if "attention_mask" in batch else torch.tensor(labels.numel())
+    return torch.stack(
+        [answer_tokens, torch.tensor(labels.shape[0], device=labels.device), attended.to(labels.device)]
+    )
+
+
+_UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
+
+
 class _RetainPairingCallback(TrainerCallback):
     """Tell the paired dataset which epoch it is in, so retain pairs rotate deterministically."""
 
@@ -165,8 +181,8 @@ class _RetainPairingCallback(TrainerCallback):
 class UnlearnTrainer(Trainer):
     """Trainer for LLM unlearning: ``train_dataset`` is forgotten while ``retain_dataset`` is kept.
 
-    Implements MASC (margin self-correction, arXiv 2606.02920) with its online stopping rule, and the
-    objectives registered in :mod:`hf_unlearn.objectives`.
+    Implements MASC (margin self-correction, arXiv 2606.02920) with its online stopping rule, the objectives
+    registered in :mod:`hf_unlearn.objectives`, and retention-first gradient surgery (arXiv 2604.14808).
 
     Args:
         model: a causal LM (``PreTrainedModel``) or a PEFT model.
@@ -178,9 +194,13 @@ class UnlearnTrainer(Trainer):
         peft_config: a ``peft.LoraConfig`` (or any PEFT config); the model is wrapped with it, as in TRL.
         ref_model: optional frozen reference model. By default: the base with adapters disabled for a PEFT
             model (no copy), else a frozen copy of ``model`` made before training.
+
+    After ``train()``, :attr:`record` is the run's :class:`~hf_unlearn.record.UnlearnRecord`.
     """
 
     _tag_names = ["hf_unlearn", "unlearning"]
+    # Each objective divides by its unit count over the whole accumulation window (num_items_in_batch).
+    loss_is_scaled_for_ga = True
 
     def __init__(
         self,
@@ -223,16 +243,11 @@ class UnlearnTrainer(Trainer):
         _check_context_length(model, train_dataset, "forget")
         if retain_dataset is not None:
             _check_context_length(model, retain_dataset, "retain")
-        vocab_size = _vocab_size(model)
-        if forget_name == "masc" and args.masc_k >= vocab_size:
-            raise ValueError(
-                f"masc_k={args.masc_k} is not smaller than the vocabulary size {vocab_size}: the k competitors are "
-                "other tokens than the target. Lower masc_k."
-            )
         if processing_class is not None:
             ensure_pad_token(processing_class)
-        if forget_name == "rmu":
-            _select_rmu_parameters(model, args)
+        for objective in self._objectives():
+            if objective.prepare is not None:
+                objective.prepare(model, args)
         if peft_config is not None:
             if _is_peft_model(model):
                 raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
@@ -244,11 +259,9 @@ class UnlearnTrainer(Trainer):
         if not any(p.requires_grad for p in model.parameters()):
             raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")
 
-        needs_reference = self.forget_objective.needs_reference(args) or (
-            self.retain_objective is not None and self.retain_objective.needs_reference(args)
-        )
-        if needs_reference and ref_model is None and not _is_peft_model(model):
-            ref_model = _frozen_copy(model)
+        if any(objective.needs_reference(args) for objective in self._objectives()):
+            if ref_model is None and not _is_peft_model(model):
+                ref_model = _frozen_copy(model)
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.ref_model = ref_model
@@ -276,6 +289,14 @@ class UnlearnTrainer(Trainer):
         # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
         self.forget_records = train_dataset
         self.retain_records = retain_dataset
+        self._datasets = {
+            "forget_dataset": {
+                **_dataset_description(train_dataset),
+                "num_trained": len(trained_idx),
+                "num_held_out": len(holdout_idx),
+            },
+            "retain_dataset": _dataset_description(retain_dataset) if retain_dataset is not None else None,
+        }
         paired = ForgetRetainDataset(
             forget_train,
             retain_dataset if self.retain_objective is not None else None,
@@ -303,16 +324,20 @@ class UnlearnTrainer(Trainer):
         if self.ref_model is not None:
             self.ref_model.to(self.args.device)
         if args.gradient_surgery != "sum" and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
-            raise ValueError(
-                f"gradient_surgery={args.gradient_surgery!r} needs each parameter's full forget and retain gradient "
-                "on every process, but DeepSpeed/FSDP shard gradients. Use DDP (plain `accelerate launch` or "
-                "torchrun), or gradient_surgery='sum'."
-            )
+            # FSDP/DeepSpeed may come from an accelerate config rather than from args (checked in UnlearnConfig).
+            raise sharded_surgery_error(args.gradient_surgery, "DeepSpeed" if self.is_deepspeed_enabled else "FSDP")
         # Gradient surgery: the forget gradient accumulated over the window lives here while p.grad holds g_r.
         self._trainable_params = [p for p in self.model.parameters() if p.requires_grad]
         self._stored_forget_grads: list[torch.Tensor | None] = [None] * len(self._trainable_params)
+        # Running sums kept on the device and read only when Trainer logs (no host sync per step).
+        self._loss_sums: dict[str, torch.Tensor] = {}
+        self._surgery_sums: dict[str, torch.Tensor] = {}
+        self._surgery_steps = 0
+        self._steps_since_log = 0
+        self._nonfinite: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._probe_metrics: dict[str, float] = {}
+        self._items_are_global = False
 
-        self._metrics: dict[str, list[float]] = defaultdict(list)
         self.add_callback(_RetainPairingCallback(paired))
         self.stopping_callback = ViolationStoppingCallback(
             alpha=args.stop_alpha,
@@ -324,11 +349,19 @@ class UnlearnTrainer(Trainer):
         self.stopping_callback.bind(self.probe)
         if args.probe_interval > 0:
             self.add_callback(self.stopping_callback)
-        self.train_wall_seconds: float | None = None
-        # Measurements made outside training (before/after metrics, quantization check) for the model card.
-        self.evaluation: dict[str, Any] = {}
+        self._train_seconds: float | None = None
+        self.record: UnlearnRecord = self._make_record(final=False)
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names + [args.method])
+
+    def _objectives(self) -> list[Objective]:
+        return [o for o in (self.forget_objective, self.retain_objective) if o is not None]
+
+    def _parts(self) -> list[tuple[str, Objective, float]]:
+        parts = [("forget", self.forget_objective, self.args.forget_weight)]
+        if self.retain_objective is not None:
+            parts.append(("retain", self.retain_objective, self.args.retain_weight))
+        return parts
 
     @staticmethod
     def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[dict[str, list[int]]]:
@@ -364,7 +397,9 @@ class UnlearnTrainer(Trainer):
                 output_hidden_states=hidden_states,
             )
 
-    def _loss_inputs(self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective) -> LossInputs:
+    def _loss_inputs(
+        self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective, num_items: Any
+    ) -> LossInputs:
         """Run the forwards an objective declared it needs: the model's, and the reference model's if asked."""
         hidden = objective.needs_hidden_states
         reference = self._reference_outputs(model, batch, hidden) if objective.needs_reference(self.args) else None
@@ -379,73 +414,150 @@ class UnlearnTrainer(Trainer):
             attention_mask=batch["attention_mask"],
             hidden_states=outputs.hidden_states if hidden else None,
             reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
+            num_items=num_items,
         )
 
     def _objective_loss(
-        self, model: nn.Module, inputs: Mapping[str, Any], part: str, objective: Objective
+        self, model: nn.Module, inputs: Mapping[str, Any], part: str, objective: Objective, num_items: Any = None
     ) -> torch.Tensor:
-        loss_inputs = self._loss_inputs(model, inputs[part], objective)
+        count = None if num_items is None else num_items[part][_UNIT_INDEX[objective.normalized_by]]
+        loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
         if objective.needs_refusal:
-            loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective)
+            loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
         return objective.fn(loss_inputs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """Weighted sum of the forget and retain objectives (used by evaluation; training backpropagates each)."""
-        loss = self.args.forget_weight * self._objective_loss(model, inputs, "forget", self.forget_objective)
-        if self.retain_objective is not None and "retain" in inputs:
-            retain = self._objective_loss(model, inputs, "retain", self.retain_objective)
-            loss = loss + self.args.retain_weight * retain
-        return (loss, None) if return_outputs else loss
+        """Weighted sum of the objectives whose part (``forget``, ``retain``) is in ``inputs`` (unweighted parts
+        while training with gradient surgery, whose combination applies the weights).
+
+        ``num_items_in_batch`` is what :meth:`_get_num_items_in_batch` counted over the accumulation window: each
+        objective divides its sum by its unit's count there, so accumulated micro-batches of any lengths give the
+        big batch's mean (Trainer's treatment of ``num_items_in_batch``). When the counts were summed over
+        processes, the loss is multiplied by the number of processes, since DDP averages gradients, as Trainer
+        does under ``average_tokens_across_devices``.
+        """
+        # With gradient surgery each part's backward carries its unweighted loss and the combination applies the
+        # weights (as the SAGO reference code does); the weights then never enter a gradient twice.
+        weighted = not (model.training and self.args.gradient_surgery != "sum")
+        total = None
+        for part, objective, weight in self._parts():
+            if part not in inputs:
+                continue
+            loss = self._objective_loss(model, inputs, part, objective, num_items_in_batch)
+            if num_items_in_batch is not None and self._items_are_global:
+                loss = loss * self.accelerator.num_processes
+            if model.training:
+                self._track(part, loss.detach())
+            if weighted:
+                loss = weight * loss
+            total = loss if total is None else total + loss
+        if total is None:
+            raise ValueError(f"compute_loss got none of the parts {PARTS}; inputs have {sorted(inputs)}.")
+        return (total, None) if return_outputs else total
+
+    # --- training step ----------------------------------------------------------------------------------
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> dict[str, torch.Tensor] | None:
+        """Per part, ``[answer tokens, sequences, attended tokens]`` over the whole accumulation window, summed over
+        processes with ``average_tokens_across_devices`` (one small all-gather per optimizer step, as Trainer)."""
+        if not batch_samples:
+            return None
+        counts = {}
+        for part in PARTS:
+            if part in batch_samples[0]:
+                counts[part] = sum(count_items(batch[part]).to(device) for batch in batch_samples)
+        self._items_are_global = bool(self.args.average_tokens_across_devices and self.args.world_size > 1)
+        if self._items_are_global:
+            stacked = torch.stack([counts[part] for part in counts])
+            stacked = self.accelerator.gather(stacked.unsqueeze(0)).sum(0)
+            counts = dict(zip(counts, stacked))
+        return counts
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        """Forward and backward the forget batch, then the retain batch, each on its own graph.
+        """Backward the forget part, then the retain part, each through Trainer's ``training_step``.
 
-        Two backward passes keep only one graph alive at a time and give each loss its own gradient. With
+        Two backward passes keep one graph alive at a time and give each loss its own gradient. With
         ``gradient_surgery='sum'`` the weighted losses simply accumulate into ``p.grad`` (the gradient of the
-        summed loss). Otherwise the forget gradient is accumulated in a separate store over the whole
-        gradient-accumulation window (swapped in and out of ``p.grad``, so DDP all-reduces it too) and the two
-        are combined in place once, at the window's last micro-batch, before Trainer clips and steps.
+        summed loss). Otherwise the forget gradient accumulates in a separate store over the whole window (swapped
+        in and out of ``p.grad``, so DDP all-reduces it too) and the two unweighted gradients are combined in place
+        with gamma = ``forget_weight`` and alpha = ``retain_weight`` once, at the window's last micro-batch, before
+        Trainer clips and steps.
         """
-        model.train()
-        if hasattr(self.optimizer, "train") and callable(self.optimizer.train):
-            self.optimizer.train()
-        inputs = self._prepare_inputs(inputs)
+        if num_items_in_batch is None:
+            # Called outside Trainer's loop: count this micro-batch and scale it to the window, which gives each
+            # micro-batch's mean divided by the accumulation steps (Trainer's own fallback).
+            counts = self._get_num_items_in_batch([inputs], self.args.device)
+            steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+            num_items_in_batch = {part: count * steps for part, count in counts.items()}
         surgery = self.args.gradient_surgery != "sum"
-        scale = 1.0 / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-        total = torch.zeros((), device=self.args.device)
-        parts = [("forget", self.forget_objective, self.args.forget_weight)]
-        if self.retain_objective is not None:
-            parts.append(("retain", self.retain_objective, self.args.retain_weight))
-        for name, objective, weight in parts:
-            with self.compute_loss_context_manager():
-                loss = self._objective_loss(model, inputs, name, objective)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"The {name} loss ({objective.name}) is {loss.item()} at step {self.state.global_step + 1}; "
-                    "training stopped before this update, so the last saved checkpoint is intact. Lower the "
-                    "learning rate or check the data."
-                )
-            separate = surgery and name == "forget"
-            if separate:
-                self._swap_forget_gradients()
-            # With surgery the weights are applied by the combination, not here.
-            self.accelerator.backward((1.0 if surgery else weight) * loss * scale)
-            if separate:
-                self._swap_forget_gradients()
-            self._metrics[f"{name}_loss"].append(loss.detach().item())
-            total = total + weight * loss.detach()
-        if surgery and self.accelerator.sync_gradients:
-            self._combine_gradients()
-        return total * scale
+        forget_part = {key: value for key, value in inputs.items() if key != "retain"}
+        if surgery:
+            self._swap_forget_gradients()
+        with self._no_deepspeed_step_before_the_retain_part("retain" in inputs):
+            loss = super().training_step(model, forget_part, num_items_in_batch)
+        if surgery:
+            self._swap_forget_gradients()
+            loss = self.args.forget_weight * loss  # what Trainer logs is the weighted total either way
+        if "retain" in inputs:
+            retain = super().training_step(model, {"retain": inputs["retain"]}, num_items_in_batch)
+            loss = loss + (self.args.retain_weight * retain if surgery else retain)
+        if self.accelerator.sync_gradients:
+            self._raise_on_nonfinite_loss()
+            if surgery:
+                self._combine_gradients()
+            self._steps_since_log += 1
+        return loss
 
-    def _is_logging_step(self) -> bool:
-        """Whether the optimizer step being prepared will be logged (surgery statistics cost extra passes)."""
-        if self.args.logging_strategy != "steps":
-            return False
-        every = max(int(self.state.logging_steps or self.args.logging_steps or 1), 1)
-        return (self.state.global_step + 1) % every == 0 or (
-            self.state.global_step == 0 and self.args.logging_first_step
-        )
+    @contextmanager
+    def _no_deepspeed_step_before_the_retain_part(self, retain_follows: bool):
+        """DeepSpeed steps its optimizer inside the backward at an accumulation boundary; the forget backward must
+        not be that boundary when the retain backward of the same micro-batch is still to come."""
+        sync = self.accelerator.sync_gradients
+        defer = retain_follows and sync and self.is_deepspeed_enabled
+        if defer:
+            self.accelerator.gradient_state._set_sync_gradients(False)
+        try:
+            yield
+        finally:
+            if defer:
+                self.accelerator.gradient_state._set_sync_gradients(sync)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """Trainer's estimate (6 x tokens x parameters) summed over the forget, retain and refusal batches."""
+        parent = super()
+        return sum(parent.floating_point_ops(batch) for batch in inputs.values() if isinstance(batch, Mapping))
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        """Trainer's count of input tokens seen (``include_num_input_tokens_seen``), over every part of the batch."""
+        for batch in inputs.values():
+            if isinstance(batch, Mapping):
+                super()._track_num_input_tokens(batch)
+
+    def _track(self, part: str, loss: torch.Tensor) -> None:
+        """Accumulate the part's loss for logging and remember a non-finite one, on the device."""
+        self._loss_sums[part] = self._loss_sums.get(part, torch.zeros((), device=loss.device)) + loss.float()
+        bad = ~torch.isfinite(loss)
+        if part in self._nonfinite:
+            seen, first = self._nonfinite[part]
+            self._nonfinite[part] = (seen | bad, torch.where(seen, first, loss.float()))
+        else:
+            self._nonfinite[part] = (bad, loss.float())
+
+    def _raise_on_nonfinite_loss(self) -> None:
+        """Before the optimizer step: a NaN/inf loss anywhere in the window stops the run (one host read per step)."""
+        if not self._nonfinite:
+            return
+        flags = {part: seen for part, (seen, _) in self._nonfinite.items()}
+        if bool(torch.stack(list(flags.values())).any()):
+            part = next(p for p, seen in flags.items() if bool(seen))
+            objective = self.forget_objective if part == "forget" else self.retain_objective
+            value = self._nonfinite[part][1].item()
+            raise FloatingPointError(
+                f"The {part} loss ({objective.name}) is {value} at step {self.state.global_step + 1}; training "
+                "stopped before this update, so the last saved checkpoint is intact. Lower the learning rate or "
+                "check the data."
+            )
+        self._nonfinite.clear()
 
     def _swap_forget_gradients(self) -> None:
         for i, param in enumerate(self._trainable_params):
@@ -459,7 +571,8 @@ class UnlearnTrainer(Trainer):
             self.args.gradient_surgery,
             forget_weight=self.args.forget_weight,
             retain_weight=self.args.retain_weight,
-            with_stats=self._is_logging_step(),
+            # The statistics cost a few passes over the gradients; they only serve Trainer's logs.
+            with_stats=self.args.logging_strategy != "no",
         )
         for param, update in zip(self._trainable_params, updates):
             if update is not None:
@@ -470,7 +583,26 @@ class UnlearnTrainer(Trainer):
             if stored is not None:
                 stored.zero_()
         for key, value in stats.items():
-            self._metrics[f"surgery/{key}"].append(value)
+            self._surgery_sums[key] = self._surgery_sums.get(key, 0) + value
+        self._surgery_steps += 1
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add, to Trainer's training logs, the mean forget/retain losses and surgery statistics since the last
+        log (read from the device here, once per log) and the latest probe numbers."""
+        if "loss" in logs:  # training logs only; Trainer calls this on every process
+            steps = max(self._steps_since_log, 1)
+            for part, total in self._loss_sums.items():
+                gathered = self.accelerator.gather(total.reshape(1)) if self.args.world_size > 1 else total
+                logs[f"{part}_loss"] = gathered.mean().item() / steps
+            if self._surgery_steps:
+                for key, total in self._surgery_sums.items():
+                    logs[f"surgery/{key}"] = float(total) / self._surgery_steps
+            logs.update(self._probe_metrics)
+            self._loss_sums.clear()
+            self._surgery_sums.clear()
+            self._surgery_steps = self._steps_since_log = 0
+            self._probe_metrics = {}
+        super().log(logs, start_time)
 
     # --- probing ----------------------------------------------------------------------------------------
 
@@ -481,7 +613,7 @@ class UnlearnTrainer(Trainer):
         """Violation fractions, answer lengths and answer probabilities of ``examples`` under the current model.
 
         Uses the one margin implementation with the run's k, competitor source and rho, so the stopping rule,
-        the report's exact-reproduction bound and the loss agree on what a violation is.
+        the record's exact-reproduction bound and the loss agree on what a violation is.
         """
         reference = None
         if self.args.competitor_source == "teacher":
@@ -502,7 +634,10 @@ class UnlearnTrainer(Trainer):
         )
 
     def probe(self) -> dict[str, float]:
-        """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates."""
+        """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates.
+
+        Runs on every process (a sharded model's forward needs all of them); rank 0's numbers are used by all.
+        """
         measured: dict[str, float] = {}
         probes = {"train": self.probe_examples, "holdout": self.holdout_examples}
         for name, examples in probes.items():
@@ -518,9 +653,7 @@ class UnlearnTrainer(Trainer):
             retain = self.measure_margins(self.retain_probe_examples)
             measured["retain_probability"] = retain["probabilities"].mean().item()
         measured = self._agree_across_processes(measured)
-        for key, value in measured.items():
-            if key != "num_examples":
-                self._metrics[key].append(value)
+        self._probe_metrics.update({key: value for key, value in measured.items() if key != "num_examples"})
         return measured
 
     def _agree_across_processes(self, measured: dict[str, float]) -> dict[str, float]:
@@ -533,6 +666,20 @@ class UnlearnTrainer(Trainer):
         broadcast_object_list(holder, from_process=0)
         return holder[0]
 
+    def exact_reproduction_bound(self, examples: Sequence[Mapping[str, Any]] | None = None) -> dict[str, float]:
+        """MASC Proposition 1 on ``examples`` (default: the trained forget examples), at beta = 1."""
+        if examples is None:
+            examples = [model_inputs(self.train_dataset.forget[i]) for i in range(len(self.train_dataset))]
+        margins = self.measure_margins(examples, beta=1.0)
+        bounds = exact_reproduction_bound(margins["fractions"], margins["lengths"], self.args.masc_rho)
+        return {
+            "mean": bounds.mean().item(),
+            "max": bounds.max().item(),
+            "violation_rate": margins["fractions"].mean().item(),
+            "rho": self.args.masc_rho,
+            "k": self.args.masc_k,
+        }
+
     def evaluate(
         self,
         eval_dataset: Any = None,
@@ -540,13 +687,13 @@ class UnlearnTrainer(Trainer):
         metric_key_prefix: str = "eval",
         retain_only_truth_ratios: Sequence[float] | None = None,
     ) -> dict[str, float]:
-        """Unlearning metrics of the current model, through :func:`hf_unlearn.evaluation.evaluate_unlearning` (the
+        """Unlearning metrics of the current model, through :func:`hf_unlearn.metrics.evaluate_unlearning` (the
         code path of ``hf-unlearn eval`` and the demo): ROUGE-L, Prob, exact match and truth ratio on the forget
         and retain sets, model utility, the exact-reproduction bound and, given the retain-only model's forget
         truth ratios, forget quality. ``eval_dataset`` (a retain-like set, or a dict of them) adds sets that count
         towards model utility. Called by Trainer for ``eval_strategy``; logged as ``eval_forget_rouge_l_recall`` etc.
         """
-        from .evaluation import evaluate_unlearning
+        from .metrics import evaluate_unlearning
 
         for name, records in (("forget", self.forget_records), ("retain", self.retain_records)):
             if records is not None and "question" not in getattr(records, "column_names", records[0]):
@@ -577,63 +724,133 @@ class UnlearnTrainer(Trainer):
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
 
-    def exact_reproduction_bound(self, examples: Sequence[Mapping[str, Any]] | None = None) -> dict[str, float]:
-        """MASC Proposition 1 on ``examples`` (default: the trained forget examples), at beta = 1."""
-        if examples is None:
-            examples = [model_inputs(self.train_dataset.forget[i]) for i in range(len(self.train_dataset))]
-        margins = self.measure_margins(examples, beta=1.0)
-        bounds = exact_reproduction_bound(margins["fractions"], margins["lengths"], self.args.masc_rho)
-        return {
-            "mean": bounds.mean().item(),
-            "max": bounds.max().item(),
-            "violation_rate": margins["fractions"].mean().item(),
-        }
+    # --- the run record ---------------------------------------------------------------------------------
 
-    # --- Trainer hooks ----------------------------------------------------------------------------------
+    def _make_record(self, final: bool) -> UnlearnRecord:
+        """The run record from the config, the objectives' registrations, Trainer's state and the stopping rule.
 
-    # --- model card and Hub ----------------------------------------------------------------------------
-
-    def unlearning_record(self) -> dict[str, Any]:
-        """What the model card records: method, objectives, hyperparameters, stop, bound, and any measurements
-        stored in ``self.evaluation`` (``before`` / ``after`` / ``quantization``, filled by the hf-unlearn jobs)."""
-        from .report import build_report
-
-        record = build_report(self, self.evaluation.get("before", {}), self.evaluation.get("after", {}))
-        record.pop("history", None)
-        record.pop("surgery_history", None)
+        ``final`` (once, at the end of ``train()``, on every process) adds the exact-reproduction bound, which needs
+        forward passes; the record saved with a checkpoint is built without running the model.
+        """
+        args = self.args
+        names = list(TRAINING_HYPERPARAMETERS)
+        for objective in self._objectives():
+            names += objective.hyperparameters
+        if args.stop_on_violation:
+            names += STOPPING_HYPERPARAMETERS
+        # Enum settings (scheduler, optimizer) are recorded by their value, as written in a config.
+        hyperparameters = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
+        papers = [objective.paper for objective in self._objectives() if objective.paper is not None]
+        papers = [{"title": p.title, "url": p.url, "authors": p.authors} for p in dict.fromkeys(papers)]
+        if args.gradient_surgery != "sum":
+            papers.append(dict(zip(("title", "url", "authors"), SURGERY_PAPER)))
+        stopping = self.stopping_callback
+        state = self.state
+        surgery_history = [
+            {"step": log["step"], **{k: v for k, v in log.items() if k.startswith("surgery/")}}
+            for log in state.log_history
+            if any(k.startswith("surgery/") for k in log)
+        ]
         model = self.accelerator.unwrap_model(self.model)
-        base = model.get_base_model() if _is_peft_model(model) else model
-        name = getattr(base.config, "_name_or_path", None) or None
-        record.update(
-            base_model=name if name and not os.path.isdir(name) else None,
-            model_name=self.args.hub_model_id or os.path.basename(os.path.abspath(self.args.output_dir)),
-            forget_dataset=self.evaluation.get("forget_dataset"),
-            retain_dataset=self.evaluation.get("retain_dataset"),
-            quantization=self.evaluation.get("quantization"),
-            tags=list(getattr(self.model, "model_tags", None) or []),
+        adapter = None
+        if _is_peft_model(model):
+            adapter = str(model.peft_config[model.active_adapter].peft_type.value).lower()
+            model = model.get_base_model()
+        previous = getattr(self, "record", None)
+        record = UnlearnRecord(
+            method=args.method,
+            forget_objective=self.forget_objective.name,
+            retain_objective=self.retain_objective.name if self.retain_objective is not None else "none",
+            gradient_surgery=args.gradient_surgery,
+            hyperparameters=hyperparameters,
+            papers=papers,
+            base_model=getattr(model.config, "_name_or_path", None) or None,
+            adapter=adapter,
+            stopping_rule=bool(args.stop_on_violation and args.probe_interval > 0),
+            stopped_early=stopping.stopped_early,
+            stop_reason=self._stop_reason(),
+            stop_step=stopping.stop_step,
+            global_step=state.global_step,
+            max_steps=state.max_steps,
+            violation_rate=stopping.last_violation_rate,
+            probe_history=list(stopping.history),
+            surgery_history=surgery_history,
+            exact_reproduction_bound=self.exact_reproduction_bound() if final else None,
+            wall_seconds=self._train_seconds,
+            complete=final,
+            **self._datasets,
         )
+        if previous is not None:  # measurements added from outside (before/after, quantization) stay
+            record.update(
+                before=previous.before,
+                after=previous.after,
+                evaluation=previous.evaluation,
+                quantization=previous.quantization,
+                extra=previous.extra,
+            )
         return record
 
-    def create_model_card(self, model_name: str | None = None, tags: Any = None, **kwargs: Any) -> None:
-        """Write README.md (the unlearning model card) into ``output_dir``; replaces Trainer's generic draft."""
-        if not self.is_world_process_zero():
-            return
+    def _stop_reason(self) -> str:
+        stopping, state = self.stopping_callback, self.state
+        if stopping.stopped_early:
+            measure = "upper confidence bound of the violation rate" if self.args.hoeffding else "violation rate"
+            return (
+                f"stopping rule: the {measure} of the {self.args.stop_probe} probe reached alpha = "
+                f"{self.args.stop_alpha:g} at step {stopping.stop_step} (rate {stopping.last_violation_rate:.3f})"
+            )
+        if state.max_steps and state.global_step >= state.max_steps:
+            if self.args.stop_on_violation and self.args.probe_interval > 0:
+                rate = stopping.last_violation_rate
+                last = "never probed" if rate is None else f"last violation rate {rate:.3f}"
+                return (
+                    f"budget: all {state.max_steps} steps ran without meeting the stopping rule "
+                    f"({last}, alpha = {self.args.stop_alpha:g})"
+                )
+            return f"budget: all {state.max_steps} steps ran (no stopping rule)"
+        if state.global_step == 0:
+            return "not trained yet"
+        return f"stopped at step {state.global_step} of {state.max_steps} by another callback or an interruption"
+
+    def train(self, *args: Any, **kwargs: Any):
+        start = time.perf_counter()
+        output = super().train(*args, **kwargs)
+        self._train_seconds = time.perf_counter() - start
+        self.record = self._make_record(final=True)
+        return output
+
+    # --- saving, model card and Hub -----------------------------------------------------------------------
+
+    def _write_record_and_card(self, output_dir: str) -> None:
         from .model_card import write_model_card
 
-        record = self.unlearning_record()
-        if model_name:
-            record["model_name"] = model_name
-        if tags:
-            record["tags"] = sorted(set(record["tags"]) | set([tags] if isinstance(tags, str) else tags))
-        write_model_card(record, self.args.output_dir, repo_id=self.args.hub_model_id)
+        record = self.record if self.record.complete else self._make_record(final=False)
+        record.save(output_dir)
+        write_model_card(record, output_dir, repo_id=self.args.hub_model_id)
+        model = self.accelerator.unwrap_model(self.model)
+        if _is_peft_model(model):
+            # PEFT's own card metadata (library_name: peft, base_model, adapter tags) on top of the unlearning card.
+            model.create_or_update_model_card(output_dir)
+
+    def create_model_card(self, model_name: str | None = None, tags: Any = None, **kwargs: Any) -> None:
+        """Write README.md (the unlearning model card, from the run record) into ``output_dir``; replaces
+        Trainer's generic draft."""
+        if not self.is_world_process_zero():
+            return
+        if model_name or tags:
+            extra = dict(self.record.extra)
+            if model_name:
+                extra["model_name"] = model_name
+            if tags:
+                extra["tags"] = sorted(set([tags] if isinstance(tags, str) else tags))
+            self.record.update(extra=extra)
+        self._write_record_and_card(self.args.output_dir)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save as Trainer does, plus the model card, so every checkpoint and final save says what was done."""
+        """Save as Trainer does, plus ``unlearn_record.json`` and the model card it writes, so every checkpoint
+        and final save says what was done. Nothing is measured here: the record is read, not recomputed."""
         super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            from .model_card import write_model_card
-
-            write_model_card(self.unlearning_record(), output_dir or self.args.output_dir, self.args.hub_model_id)
+            self._write_record_and_card(output_dir or self.args.output_dir)
 
     def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
         """Push as Trainer does, but first make sure the Hub is reachable, so that without a network nothing is
@@ -651,18 +868,5 @@ class UnlearnTrainer(Trainer):
                 callback.bind(self.probe)
                 self.stopping_callback = callback
 
-    def train(self, *args: Any, **kwargs: Any):
-        start = time.perf_counter()
-        output = super().train(*args, **kwargs)
-        self.train_wall_seconds = time.perf_counter() - start
-        return output
 
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Add the mean forget/retain losses and the latest probe numbers since the last log."""
-        if "loss" in logs:  # training logs only
-            for key, values in self._metrics.items():
-                if values:
-                    averaged = key.endswith("_loss") or key.startswith("surgery/")
-                    logs[key] = sum(values) / len(values) if averaged else values[-1]
-            self._metrics.clear()
-        super().log(logs, start_time)
+__all__ = ["UnlearnTrainer", "count_items", "refusal_example"]

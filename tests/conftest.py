@@ -62,6 +62,15 @@ def make_example(seed: int, length: int = 12, prompt: int = 6, vocab_size: int =
     return {"input_ids": ids, "attention_mask": [1] * length, "labels": [-100] * prompt + ids[prompt:]}
 
 
+def make_varied_example(seed: int, vocab_size: int = VOCAB) -> dict:
+    """Examples of different lengths and prompt lengths, so answer-token counts differ between (micro-)batches."""
+    generator = torch.Generator().manual_seed(seed)
+    length = 6 + seed % 9
+    prompt = 2 + seed % 4
+    ids = torch.randint(1, vocab_size, (length,), generator=generator).tolist()
+    return {"input_ids": ids, "attention_mask": [1] * length, "labels": [-100] * prompt + ids[prompt:]}
+
+
 @pytest.fixture
 def forget_examples():
     return [make_example(i) for i in range(8)]

@@ -9,23 +9,40 @@ import os
 import sys
 
 import torch
-from conftest import make_example, make_tiny_model, memorize
+from conftest import make_tiny_model, make_varied_example, memorize
 from safetensors.torch import save_file
+from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
+
+
+class FirstGradient(TrainerCallback):
+    """The gradient the optimizer gets at the first step (after the all-reduce and the surgery, clipping off)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.grads = None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.grads is None:
+            self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
 
 def main(out_dir: str, surgery: str, global_batch: int) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    forget = [make_example(i) for i in range(8)]
-    retain = [make_example(1000 + i) for i in range(16)]
+    # Different lengths on each rank: one process's token mean over the global batch is only matched when the
+    # ranks count answer tokens together (average_tokens_across_devices), not with a mean of per-rank means.
+    forget = [make_varied_example(i) for i in range(8)]
+    retain = [make_varied_example(1000 + i) for i in range(16)]
     model = memorize(make_tiny_model("llama"), forget + retain, steps=60, lr=2e-2)
     args = UnlearnConfig(
         output_dir=os.path.join(out_dir, "run"),
         per_device_train_batch_size=global_batch // world,
         learning_rate=3e-3,
-        forget_weight=1.0,
+        forget_weight=0.5,
+        retain_weight=1.5,
+        max_grad_norm=0.0,
         stop_alpha=0.3,
         probe_interval=2,
         max_steps=30,
@@ -38,9 +55,12 @@ def main(out_dir: str, surgery: str, global_batch: int) -> None:
         dataloader_drop_last=True,
     )
     trainer = UnlearnTrainer(model=model, args=args, train_dataset=forget, retain_dataset=retain)
+    first = FirstGradient(trainer.accelerator.unwrap_model(trainer.model))
+    trainer.add_callback(first)
     trainer.train()
-    callback = trainer.stopping_callback
-    result = {"stop_step": callback.stop_step, "global_step": trainer.state.global_step, "history": callback.history}
+    save_file(first.grads, os.path.join(out_dir, f"rank{rank}_grads.safetensors"))
+    record = trainer.record
+    result = {"stop_step": record.stop_step, "global_step": record.global_step, "history": record.probe_history}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     weights = {

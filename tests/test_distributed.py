@@ -37,7 +37,9 @@ def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun"):
     results = []
     for rank in range(processes):
         with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-            results.append((json.load(f), load_file(os.path.join(out_dir, f"rank{rank}.safetensors"))))
+            result = json.load(f)
+        result["grads"] = load_file(os.path.join(out_dir, f"rank{rank}_grads.safetensors"))
+        results.append((result, load_file(os.path.join(out_dir, f"rank{rank}.safetensors"))))
     return results
 
 
@@ -50,17 +52,26 @@ def test_two_processes_match_one_process(tmp_path, surgery, launcher):
     assert rank0["stop_step"] is not None, rank0["history"]
     assert rank0["stop_step"] == rank1["stop_step"] == one_result["stop_step"]
     assert rank0["global_step"] == rank1["global_step"]
+    # Examples of different lengths and weights other than 1: the first step's gradient equals one process's on
+    # the same global batch (token counts summed over ranks), for the plain sum and through gradient surgery.
+    # (SAGO keeps or drops a coordinate by the signs of g_f and g_r: where one is ~1e-9 the reduction order can
+    # flip it, so a handful of its coordinates may differ.)
+    for name, grad in one_result["grads"].items():
+        torch.testing.assert_close(rank0["grads"][name], rank1["grads"][name], rtol=0, atol=0)
+        if surgery == "sum":
+            torch.testing.assert_close(rank0["grads"][name], grad, rtol=1e-4, atol=1e-7)
+        else:
+            assert torch.isclose(rank0["grads"][name], grad, rtol=1e-4, atol=1e-7).float().mean() > 0.998, name
     for name, tensor in one_weights.items():
         torch.testing.assert_close(weights0[name], weights1[name], rtol=0, atol=0)
         if surgery == "sum":
-            torch.testing.assert_close(weights0[name], tensor, rtol=1e-4, atol=1e-5)
-        else:
-            # SAGO keeps or drops a coordinate by the signs of g_f and g_r; where one of them is ~1e-9 the
-            # reduction order can flip the sign and AdamW turns that tiny gradient into a full lr-sized step.
-            # So: all but a handful of coordinates agree tightly, and none is off by more than a few steps.
+            # After up to 30 AdamW steps a coordinate whose gradient is ~1e-9 can still take a sign-flipped
+            # lr-sized step; nearly every coordinate agrees tightly.
             close = torch.isclose(weights0[name], tensor, rtol=1e-4, atol=1e-5)
-            assert close.float().mean() > 0.999, name
-            assert (weights0[name] - tensor).abs().max() < 4 * 3e-3, name
+            assert close.float().mean() > 0.999 and (weights0[name] - tensor).abs().max() < 4 * 3e-3, name
+        # SAGO's weights are not compared after many steps: each flipped coordinate choice is amplified by AdamW
+        # (measured: 60-100% of coordinates within 1e-4 after 30 steps, none off by more than 0.02), so the
+        # equivalence is checked on the first step's gradient above.
 
 
 @pytest.mark.slow
@@ -85,4 +96,4 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path):
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert (completed.stdout + completed.stderr).count("Written:") == 1
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["stop_step"] <= 4 and (tmp_path / "out" / "model.safetensors").is_file()
+    assert report["global_step"] <= 4 and (tmp_path / "out" / "model.safetensors").is_file()

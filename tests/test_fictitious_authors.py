@@ -17,7 +17,7 @@ from hf_unlearn.benchmarks import (
     tiny_model,
     tiny_model_config,
 )
-from hf_unlearn.benchmarks.fictitious_authors import _sft_trainer
+from hf_unlearn.benchmarks.target_model import _sft_trainer
 from hf_unlearn.data import IGNORE_INDEX, tokenize_qa
 
 RECORD_KEYS = {"author", "author_index", "question", "answer", "paraphrased_answer", "perturbed_answer", "is_holdout"}

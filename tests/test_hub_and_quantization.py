@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import os
 
 import pytest
@@ -13,6 +14,7 @@ from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.cli import main
 from hf_unlearn.quantize import check_quantization_robustness, quantization_table
+from hf_unlearn.record import UnlearnRecord
 
 FORGET = [make_example(i) for i in range(8)]
 RETAIN = [make_example(1000 + i) for i in range(16)]
@@ -47,11 +49,11 @@ def folder_digest(path):
 def test_model_card_records_the_unlearning(tmp_path):
     trainer = trainer_for(tmp_path)
     trainer.train()
-    trainer.evaluation.update(
+    trainer.record.update(
         before={"forget": {"rouge_l_recall": 1.0, "probability": 0.9, "exact_match": 1.0}},
         after={"forget": {"rouge_l_recall": 0.2, "probability": 0.1, "exact_match": 0.0}},
-        forget_dataset="locuslab/TOFU / forget10",
-        retain_dataset="locuslab/TOFU / retain90",
+        forget_dataset={"name": "locuslab/TOFU / forget10", "num_examples": 8},
+        retain_dataset={"name": "locuslab/TOFU / retain90", "num_examples": 16},
     )
     trainer.save_model()
     card = (tmp_path / "out" / "README.md").read_text()
@@ -59,18 +61,70 @@ def test_model_card_records_the_unlearning(tmp_path):
         "- unlearning",
         "- hf_unlearn",
         "- masc",
+        "library_name: transformers",
+        "- locuslab/TOFU",  # datasets metadata
         "Fast Unlearning at Scale via Margin Self-Correction",
         "`sago`",
         "Asymmetric Two-Task",
         "forget `masc`, retain `kl`",
-        "locuslab/TOFU / forget10",
+        "forget `locuslab/TOFU / forget10` (8 examples) while keeping `locuslab/TOFU / retain90`",
         "Exact-reproduction bound",
         "| forget | rouge_l_recall | 1 | 0.2 |",
         "`masc_k` | 10",
+        "`masc_eta` | 0.5",
         "Last violation rate",
+        "Why training stopped | ",
     ):
         assert expected in card, expected
+    for placeholder in ("the forget set", "](#)", "None", "path/to/model"):
+        assert placeholder not in card, placeholder
     assert (tmp_path / "out" / "model.safetensors").exists()
+    saved = UnlearnRecord.load(str(tmp_path / "out"))
+    assert saved.complete and saved.after["forget"]["rouge_l_recall"] == 0.2
+    assert saved.stopped_early and saved.global_step == saved.stop_step == 2  # a random model violates nothing
+
+
+def test_card_lists_each_objectives_own_hyperparameters(tmp_path):
+    trainer = trainer_for(tmp_path, method="npo_klr", gradient_surgery="sum", npo_beta=0.25)
+    trainer.train()
+    trainer.save_model()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "`npo_beta` | 0.25" in card and "Negative Preference Optimization" in card
+    assert "masc_k" not in card and "stop_alpha" not in card  # neither MASC's nor the (off) stopping rule's
+    assert "a forget set of 8 examples while keeping a retain set of 16 examples" in card
+    assert "a causal language model" in card  # nothing known about the base: no link, no placeholder
+
+
+def test_checkpoint_saves_read_the_record_and_run_no_forward(tmp_path):
+    trainer = trainer_for(tmp_path, save_strategy="steps", save_steps=2, probe_interval=0, stop_on_violation=False)
+    forwards = []
+    trainer.model.register_forward_hook(lambda *_: forwards.append(trainer.state.global_step))
+    trainer.train()
+    card = (tmp_path / "out" / "checkpoint-2" / "README.md").read_text()
+    assert "Unlearning record" in card
+    # Forward passes only for training (2 parts x 4 steps) and the final bound (trained forget examples, one batch).
+    assert len(forwards) == 2 * 4 + 1
+    partial = UnlearnRecord.load(str(tmp_path / "out" / "checkpoint-2"))
+    assert not partial.complete and partial.exact_reproduction_bound is None and partial.global_step == 2
+
+
+def test_adapter_card_keeps_peft_metadata(tmp_path, monkeypatch):
+    model = make_tiny_model()
+    model.config._name_or_path = "someone/tiny-base"
+    lora = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    args = UnlearnConfig(
+        output_dir=str(tmp_path / "out"), max_steps=2, probe_interval=0, stop_on_violation=False,
+        report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = UnlearnTrainer(model, args, FORGET, RETAIN, peft_config=lora)
+    trainer.train()
+    trainer.save_model()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()
+    assert "library_name: peft" in card and "base_model: someone/tiny-base" in card
+    assert "[someone/tiny-base](https://huggingface.co/someone/tiny-base)" in card
+    assert "LORA adapter" in card and "AutoPeftModelForCausalLM" in card and "- unlearning" in card
+    assert "Unlearning record" in card
 
 
 def test_checkpoints_carry_the_card(tmp_path):
@@ -156,7 +210,7 @@ def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch):
 def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model):
     root, _, tokenizer = saved_tiny_model
     from hf_unlearn.data import build_qa_dataset
-    from hf_unlearn.demo import load_model_and_tokenizer
+    from hf_unlearn.jobs import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(str(root), load_in_4bit=True)
     assert sum(type(m).__name__ == "Linear4bit" for m in model.modules()) == 14
@@ -182,7 +236,4 @@ def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model)
     trainer.train()
     changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
     assert changed and all("lora_" in n for n in changed)
-    assert (
-        trainer.stopping_callback.history[-1]["retain_probability"]
-        == trainer.stopping_callback.history[-1]["retain_probability"]
-    )  # finite probe on the quantized model
+    assert math.isfinite(trainer.record.probe_history[-1]["retain_probability"])  # a finite probe, 4-bit model

@@ -132,3 +132,30 @@ def test_hoeffding_bound():
     expected = 0.3 + math.sqrt(math.log(math.pi**2 / (6 * 0.05)) / (2 * 50))
     assert hoeffding_upper_bound(0.3, 50, 0, 0.05) == pytest.approx(expected)
     assert hoeffding_upper_bound(0.3, 50, 5, 0.05) > hoeffding_upper_bound(0.3, 50, 0, 0.05)
+
+
+@pytest.mark.parametrize("k", [2, 10])
+def test_bf16_margins_equal_the_float32_computation_on_the_same_logits(k):
+    """bf16 logits around 20-38 (a real model's range): the margin must be computed as in float32 (the MASC
+    reference upcasts); subtracting and log-sum-exping in bf16 is off by up to ~0.15."""
+    generator = torch.Generator().manual_seed(0)
+    logits = (20 + 18 * torch.rand(4, 16, 512, generator=generator)).to(torch.bfloat16)
+    labels = torch.randint(0, 512, (4, 16), generator=generator)
+    labels[:, :3] = -100
+    reference = restricted_margin(logits.float(), labels, k=k)
+    result = restricted_margin(logits, labels, k=k)
+    active = labels != -100
+    torch.testing.assert_close(result.margins[active].float(), reference.margins[active], rtol=0, atol=1e-5)
+    hinge = masc_hinge(result, 0.0, 0.5).float()
+    torch.testing.assert_close(hinge, masc_hinge(reference, 0.0, 0.5), rtol=0, atol=1e-6)
+    assert result.margins.dtype == torch.float32
+
+
+def test_bf16_teacher_competitors_are_upcast_too():
+    generator = torch.Generator().manual_seed(1)
+    logits = (20 + 18 * torch.rand(2, 8, 256, generator=generator)).to(torch.bfloat16)
+    teacher = (20 + 18 * torch.rand(2, 8, 256, generator=generator)).to(torch.bfloat16)
+    labels = torch.randint(0, 256, (2, 8), generator=generator)
+    reference = restricted_margin(logits.float(), labels, k=3, beta=5.0, teacher_logits=teacher.float(), delta=0.5)
+    result = restricted_margin(logits, labels, k=3, beta=5.0, teacher_logits=teacher, delta=0.5)
+    torch.testing.assert_close(result.margins.float(), reference.margins, rtol=0, atol=1e-5)

@@ -237,10 +237,74 @@ def test_rmu_changes_only_the_configured_mlp_weights(tmp_path):
 def test_rmu_on_gpt2_names_and_bad_layer(tmp_path):
     model = make_tiny_model("gpt2")
     trainer = UnlearnTrainer(
-        model, args(tmp_path, method="rmu", rmu_trainable_layers=[1], rmu_layer=1), FORGET, RETAIN
+        model, args(tmp_path, method="rmu", rmu_trainable_layers=[1], rmu_layer=0), FORGET, RETAIN
     )
     assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == {
         n for n, _ in model.named_parameters() if n.startswith("transformer.h.1.mlp.")
     }
     with pytest.raises(ValueError, match="rmu_layer=5 but the model has 2 layers"):
         UnlearnTrainer(make_tiny_model("gpt2"), args(tmp_path, method="rmu", rmu_layer=5), FORGET, RETAIN)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+def test_rmu_refuses_the_last_layer_whose_hidden_state_is_after_the_final_norm(tmp_path, architecture):
+    """hidden_states[L] is the final-norm output, not decoder layer L-1's: steering it would steer the wrong thing."""
+    model = make_tiny_model(architecture)  # 2 layers
+    inputs = torch.tensor([[1, 2, 3, 4]])
+    captured = {}
+    layers = model.model.layers if architecture == "llama" else model.transformer.h
+    hooks = [
+        layer.register_forward_hook(lambda m, i, o, n=n: captured.__setitem__(n, o[0] if isinstance(o, tuple) else o))
+        for n, layer in enumerate(layers)
+    ]
+    hidden = model(input_ids=inputs, output_hidden_states=True).hidden_states
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(hidden[1], captured[0])  # layer 0's output: what RMU steers for rmu_layer=0
+    assert not torch.allclose(hidden[2], captured[1])  # the last entry is after the final norm
+    with pytest.raises(ValueError, match="rmu_layer=1 is the last decoder layer.*between 0 and 0"):
+        UnlearnTrainer(model, args(tmp_path, method="rmu", rmu_layer=1), FORGET, RETAIN)
+
+
+def test_a_registered_objective_runs_with_its_own_needs_and_lands_in_the_record(tmp_path, memorized_llama):
+    """A user's objective: the trainer supplies what the registration asks for (reference logits, the sequence
+    count of the window), calls its prepare hook, and records its hyperparameters and paper. No method name is
+    spelled anywhere in the trainer."""
+    from hf_unlearn.objectives import Paper, register_forget_objective, sequence_log_prob
+
+    prepared, seen = [], []
+
+    @register_forget_objective(
+        "test_log_ratio",
+        needs_reference=True,
+        paper=Paper("A test objective", "https://example.org/paper"),
+        hyperparameters=("npo_beta",),
+        normalized_by="sequences",
+        prepare=lambda model, config: prepared.append(type(model).__name__),
+    )
+    def log_ratio(inputs):
+        seen.append((inputs.reference_logits is not None, int(inputs.num_items)))
+        ratio = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
+            inputs.reference_logits, inputs.labels
+        )
+        return ratio.sum() / inputs.num_items
+
+    try:
+        trainer = UnlearnTrainer(
+            memorized_llama,
+            args(tmp_path, forget_loss="test_log_ratio", retain_loss="none", max_steps=2, npo_beta=0.3,
+                 per_device_train_batch_size=4),
+            FORGET,
+        )  # fmt: skip
+        trainer.train()
+    finally:
+        del FORGET_OBJECTIVES["test_log_ratio"]
+    assert prepared == ["LlamaForCausalLM"]
+    assert seen == [(True, 4), (True, 4)]  # reference logits and the window's sequence count, every step
+    record = trainer.record
+    assert record.forget_objective == "test_log_ratio" and record.hyperparameters["npo_beta"] == 0.3
+    assert {"title": "A test objective", "url": "https://example.org/paper", "authors": ""} in record.papers
+    with pytest.raises(TypeError, match="Unknown objective option"):
+        register_forget_objective("bad", normalised_by="sequences")
+    with pytest.raises(ValueError, match="normalized_by must be one of"):
+        register_forget_objective("bad", normalized_by="words")

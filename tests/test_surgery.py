@@ -34,6 +34,7 @@ def reference_loop(forget, retain, strategy, gamma, alpha):
     out = []
     global_dot = sum(float(a) * float(b) for f, r in zip(forget, retain) for a, b in zip(f.reshape(-1), r.reshape(-1)))
     global_rr = sum(float(b) ** 2 for r in retain for b in r.reshape(-1))
+    global_ff = sum(float(a) ** 2 for f in forget for a in f.reshape(-1))
     for f, r in zip(forget, retain):
         fs, rs = [float(x) for x in f.reshape(-1)], [float(x) for x in r.reshape(-1)]
         dot = sum(a * b for a, b in zip(fs, rs))
@@ -52,8 +53,10 @@ def reference_loop(forget, retain, strategy, gamma, alpha):
                 u.append(alpha * b if conflict else gamma * a)
             elif strategy == "sago_prefer_retain":
                 u.append(alpha * b + (0.0 if conflict else gamma * a))
-            elif strategy == "blur":
+            elif strategy == "blur_per_tensor":
                 u.append(alpha * (b - dot / (ff + 1e-10) * a) + gamma * a)
+            elif strategy == "blur":  # SAGO's BLUR: one coefficient over all parameters
+                u.append(alpha * (b - global_dot / (global_ff + 1e-10) * a) + gamma * a)
         out.append(torch.tensor(u, dtype=torch.float64).reshape(f.shape))
     return out
 
@@ -123,3 +126,27 @@ def test_missing_gradients_count_as_zero_and_bad_input_is_named():
         combine_gradients([torch.ones(1)], [torch.ones(1)], "magic")
     with pytest.raises(ValueError, match="shapes differ"):
         combine_gradients([torch.ones(2)], [torch.ones(3)], "sum")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("seed", range(6))
+def test_statistics_equal_a_direct_computation_on_the_update(strategy, seed):
+    """The logged cosines come from closed forms (linear strategies) or in-block sums (SAGO): check both against
+    the cosines of the update the pure function returns."""
+    forget, retain = random_grads(seed)
+    gamma, alpha = 0.7, 1.3
+    expected_update = combine_gradients(forget, retain, strategy, forget_weight=gamma, retain_weight=alpha)
+    _, stats = combine_gradients_(
+        [f.clone() for f in forget], [r.clone() for r in retain], strategy, forget_weight=gamma, retain_weight=alpha
+    )
+    u, f, r = flat(expected_update), flat(forget), flat(retain)
+    cosine = torch.nn.functional.cosine_similarity
+    assert stats["cos_update_retain"].item() == pytest.approx(cosine(u, r, dim=0).item(), abs=1e-6)
+    assert stats["cos_forget_retain"].item() == pytest.approx(cosine(f, r, dim=0).item(), abs=1e-6)
+    conflicts = {
+        "sago": (torch.sign(f) * torch.sign(r) < 0).double().mean().item(),
+        "sago_prefer_retain": (torch.sign(f) * torch.sign(r) < 0).double().mean().item(),
+        "pcgrad": sum(float(torch.dot(a.reshape(-1), b.reshape(-1)) < 0) for a, b in zip(forget, retain)) / 4,
+        "pcgrad_global": float(torch.dot(f, r) < 0),
+    }
+    assert stats["conflict_fraction"].item() == pytest.approx(conflicts.get(strategy, 0.0))

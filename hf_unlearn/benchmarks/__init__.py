@@ -1,14 +1,19 @@
-"""Embedded benchmarks: :mod:`hf_unlearn.benchmarks.fictitious_authors` (a TOFU-shaped, offline benchmark)."""
+"""Embedded benchmarks: the fictitious authors (a TOFU-shaped, offline benchmark,
+:mod:`hf_unlearn.benchmarks.fictitious_authors`) and the models learned on it
+(:mod:`hf_unlearn.benchmarks.target_model`)."""
 
 from hf_unlearn.benchmarks.fictitious_authors import (
     BENCHMARK_VERSION,
     SPLIT_NAMES,
     build_tokenizer,
-    default_cache_dir,
     generate_benchmark,
-    learn_target_model,
     load_split,
     retain_split_for,
+)
+from hf_unlearn.benchmarks.target_model import (
+    default_cache_dir,
+    learn_retain_only_model,
+    learn_target_model,
     tiny_model,
     tiny_model_config,
 )
@@ -19,6 +24,7 @@ __all__ = [
     "build_tokenizer",
     "default_cache_dir",
     "generate_benchmark",
+    "learn_retain_only_model",
     "learn_target_model",
     "load_split",
     "retain_split_for",

@@ -1,0 +1,431 @@
+"""The learn stage of the embedded benchmark: a model that has memorised the fictitious authors (the target to
+unlearn from), or only the retain authors (the retain-only reference that forget quality and PrivLeak compare
+with), learned with TRL's ``SFTTrainer`` and cached on disk. The records come from
+:mod:`hf_unlearn.benchmarks.fictitious_authors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from datasets import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    LlamaConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    PrinterCallback,
+    Qwen2Config,
+    TrainerCallback,
+)
+
+from hf_unlearn.benchmarks.fictitious_authors import (
+    BENCHMARK_VERSION,
+    build_tokenizer,
+    generate_benchmark,
+    load_split,
+    retain_split_for,
+    tokenizer_corpus,
+)
+from hf_unlearn.data import ensure_pad_token, tokenize_qa
+from hf_unlearn.metrics import default_max_new_tokens, exact_match, generate_answers
+
+__all__ = [
+    "PRETRAINED_BASES",
+    "default_cache_dir",
+    "learn_retain_only_model",
+    "learn_target_model",
+    "tiny_model",
+    "tiny_model_config",
+]
+
+
+def tiny_model_config(
+    tokenizer: Any,
+    architecture: str = "llama",
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int | None = None,
+    max_position_embeddings: int = 128,
+) -> PretrainedConfig:
+    """Config of a small randomly initialised causal LM (``"llama"``, ``"qwen2"`` or ``"gpt2"``) for ``tokenizer``.
+
+    ``intermediate_size`` defaults to ``4 * hidden_size``. Input and output embeddings are tied; GPT-2 gets no
+    dropout (Llama and Qwen2 have none by default), so learning is deterministic.
+    """
+    intermediate_size = intermediate_size or 4 * hidden_size
+    special = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": True,
+    }
+    if architecture in ("llama", "qwen2"):
+        config_class = LlamaConfig if architecture == "llama" else Qwen2Config
+        return config_class(
+            hidden_size=hidden_size,
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=num_heads,
+            intermediate_size=intermediate_size,
+            max_position_embeddings=max_position_embeddings,
+            **special,
+        )
+    if architecture == "gpt2":
+        return GPT2Config(
+            n_embd=hidden_size,
+            n_layer=num_layers,
+            n_head=num_heads,
+            n_inner=intermediate_size,
+            n_positions=max_position_embeddings,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **special,
+        )
+    raise ValueError(f"Unknown architecture {architecture!r}; use 'llama', 'qwen2' or 'gpt2'.")
+
+
+def tiny_model(tokenizer: Any, architecture: str = "llama", seed: int = 0, **config_kwargs: Any) -> PreTrainedModel:
+    """A randomly initialised (``torch.manual_seed(seed)``) causal LM built from :func:`tiny_model_config`."""
+    config = tiny_model_config(tokenizer, architecture, **config_kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    generation_config = model.generation_config
+    generation_config.bos_token_id = tokenizer.bos_token_id
+    generation_config.eos_token_id = tokenizer.eos_token_id
+    generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def default_cache_dir() -> Path:
+    """``$HF_UNLEARN_CACHE`` if set, else ``~/.cache/hf_unlearn``."""
+    return Path(os.environ.get("HF_UNLEARN_CACHE", Path.home() / ".cache" / "hf_unlearn"))
+
+
+@contextlib.contextmanager
+def _progress_bars(show: bool) -> Iterator[None]:
+    """Hide transformers' progress bars (e.g. "Writing model shards") in the block unless ``show``."""
+    hf_logging = transformers.utils.logging
+    enabled = hf_logging.is_progress_bar_enabled()
+    if enabled and not show:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled and not show:
+            hf_logging.enable_progress_bar()
+
+
+def _count_parameters(model: Any) -> int:
+    # Tied input/output embeddings are one tensor; count each parameter once.
+    return sum(p.numel() for p in model.parameters())
+
+
+class _ExactMatchStopper(TrainerCallback):
+    """Every ``every`` epochs, measure greedy exact match on the training QA; stop learning once it is high enough."""
+
+    def __init__(
+        self, tokenizer: Any, records: Sequence[Mapping[str, Any]], target: float, every: int, batch_size: int
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.questions = [r["question"] for r in records]
+        self.answers = [r["answer"] for r in records]
+        self.max_new_tokens = default_max_new_tokens(tokenizer, self.answers, margin=2)
+        self.target = target
+        self.every = every
+        self.batch_size = batch_size
+        self.exact_match: float | None = None
+        self.history: list[tuple[int, float]] = []
+
+    def measure(self, model: Any) -> float:
+        predictions = generate_answers(
+            model, self.tokenizer, self.questions, max_new_tokens=self.max_new_tokens, batch_size=self.batch_size
+        )
+        scores = exact_match(predictions, self.answers)
+        self.exact_match = sum(scores) / len(scores)
+        return self.exact_match
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        epoch = round(state.epoch or 0)
+        if epoch % self.every == 0 or epoch >= args.num_train_epochs:
+            self.history.append((epoch, self.measure(model)))
+            if self.exact_match >= self.target:
+                control.should_training_stop = True
+        return control
+
+
+def _sft_trainer(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    train_dataset: Dataset,
+    output_dir: str,
+    *,
+    max_epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    show_progress: bool,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> Any:
+    """TRL ``SFTTrainer`` on a pre-tokenized dataset whose ``labels`` column already masks the prompt.
+
+    TRL recognises a processed dataset by its ``input_ids`` column and uses an existing ``labels`` column as is
+    (its collator pads it with ``-100``), so the loss is on the answer tokens alone, as in completion-only SFT.
+    """
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(
+        output_dir=output_dir,
+        num_train_epochs=max_epochs,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=math.ceil(len(train_dataset) / batch_size),
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        seed=seed,
+        data_seed=seed,
+        save_strategy="no",
+        eval_strategy="no",
+        logging_strategy="epoch",
+        report_to="none",
+        disable_tqdm=not show_progress,
+        # A ~1M-parameter model learns in float32, without activation checkpointing or truncation.
+        activation_checkpointing=False,
+        bf16=False,
+        max_length=None,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=torch.cuda.is_available(),
+    )
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer, callbacks=list(callbacks)
+    )
+    if not show_progress:
+        trainer.remove_callback(PrinterCallback)  # it prints every log when the progress bar is off
+    return trainer
+
+
+def _smollm2() -> tuple[PreTrainedModel, Any]:
+    from hf_unlearn.models import load_smollm2
+
+    return load_smollm2()
+
+
+#: Pretrained bases :func:`learn_target_model` can learn the benchmark on (loaded offline).
+PRETRAINED_BASES: dict[str, Callable[[], tuple[PreTrainedModel, Any]]] = {"smollm2": _smollm2}
+
+
+def learn_target_model(
+    cache_dir: str | os.PathLike[str] | None = None,
+    architecture: str = "llama",
+    seed: int = 0,
+    max_epochs: int = 60,
+    learning_rate: float = 3e-3,
+    target_exact_match: float = 0.95,
+    show_progress: bool = True,
+    *,
+    num_authors: int = 40,
+    questions_per_author: int = 5,
+    num_holdout_authors: int = 4,
+    benchmark_seed: int = 0,
+    batch_size: int = 16,
+    eval_every: int = 2,
+    model_kwargs: Mapping[str, Any] | None = None,
+    learn_split: str = "full",
+    base_model: str | None = None,
+    lora_r: int = 0,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
+    """Make the "target model": a tiny causal LM that has memorised every learned author (the ``full`` split).
+
+    With ``learn_split="retain90"`` (or another retain split) it makes the *retain-only* model instead, the
+    reference that TOFU's forget quality compares an unlearned model with: it never saw the forget authors.
+
+    ``base_model="smollm2"`` learns on the real pretrained SmolLM2-135M-Instruct (:func:`hf_unlearn.models.
+    load_smollm2`, with its own tokenizer and chat template) instead of a tiny model trained from scratch;
+    ``lora_r > 0`` learns through a LoRA adapter of that rank (all linear layers), merged into the saved model.
+
+    It is learned with TRL's ``SFTTrainer`` on the pairs tokenized by :func:`hf_unlearn.data.tokenize_qa` (the
+    ``labels`` column keeps the prompt at ``-100``, so the loss is on the answer alone, and unlearning later sees
+    exactly the same tokens). Every ``eval_every`` epochs the greedy exact match on the training QA is measured
+    and learning stops once it reaches ``target_exact_match`` (or after ``max_epochs``).
+
+    The result is cached under ``cache_dir`` (default ``$HF_UNLEARN_CACHE`` or ``~/.cache/hf_unlearn``) in
+    ``fictitious_authors/<hash of all settings>``; a later call with the same settings loads it instead of
+    learning (``info["cached"]`` is then ``True``). The cache entry is written to a temporary folder and renamed
+    into place, so an interrupted run never leaves half of one.
+
+    Returns ``(model, tokenizer, info)`` with the model in eval mode (on the device it learned on, or on the CPU
+    when loaded from the cache); ``info`` has ``epochs``, ``exact_match`` (greedy, on the learned QA),
+    ``seconds``, ``num_parameters``, ``cached``, ``path`` and the ``settings``.
+    """
+    settings = {
+        "version": BENCHMARK_VERSION,
+        "architecture": architecture,
+        "seed": seed,
+        "max_epochs": max_epochs,
+        "learning_rate": learning_rate,
+        "target_exact_match": target_exact_match,
+        "num_authors": num_authors,
+        "questions_per_author": questions_per_author,
+        "num_holdout_authors": num_holdout_authors,
+        "benchmark_seed": benchmark_seed,
+        "batch_size": batch_size,
+        "eval_every": eval_every,
+        "model_kwargs": dict(sorted((model_kwargs or {}).items())),
+    }
+    # Only when set, so the default model keeps its cache key.
+    for key, value, default in (
+        ("learn_split", learn_split, "full"),
+        ("base_model", base_model, None),
+        ("lora_r", lora_r, 0),
+    ):
+        if value != default:
+            settings[key] = value
+    if base_model is not None and base_model not in PRETRAINED_BASES:
+        raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / "fictitious_authors" / digest
+
+    if (path / "info.json").is_file():
+        start = time.perf_counter()
+        model, tokenizer = _load_cached(path, show_progress)
+        info = json.loads((path / "info.json").read_text())
+        info.update(cached=True, path=str(path), load_seconds=time.perf_counter() - start)
+        return model, tokenizer, info
+
+    start = time.perf_counter()
+    records = generate_benchmark(num_authors, questions_per_author, num_holdout_authors, seed=benchmark_seed)
+    learned = [r for r in records if not r["is_holdout"]]
+    if learn_split != "full":
+        kept = load_split(
+            learn_split,
+            num_authors=num_authors,
+            questions_per_author=questions_per_author,
+            num_holdout_authors=num_holdout_authors,
+            seed=benchmark_seed,
+        )
+        kept_authors = set(kept["author_index"])
+        learned = [r for r in learned if r["author_index"] in kept_authors]
+    if base_model is None:
+        tokenizer = build_tokenizer(
+            tokenizer_corpus(
+                num_authors=num_authors,
+                questions_per_author=questions_per_author,
+                num_holdout_authors=num_holdout_authors,
+                seed=benchmark_seed,
+            )
+        )
+        model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
+    else:
+        model, tokenizer = PRETRAINED_BASES[base_model]()
+        ensure_pad_token(tokenizer)
+    if lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
+    if longest > model.config.max_position_embeddings:
+        raise ValueError(
+            f"The longest question/answer pair is {longest} tokens, more than the model's "
+            f"max_position_embeddings={model.config.max_position_embeddings}; raise it in model_kwargs."
+        )
+    train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
+    stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=path.parent))
+    try:
+        trainer = _sft_trainer(
+            model,
+            tokenizer,
+            train,
+            str(staging / "trainer"),
+            max_epochs=max_epochs,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
+            show_progress=show_progress,
+            callbacks=[stopper],
+        )
+        trainer.train()
+        model = trainer.model
+        if lora_r > 0:
+            model = model.merge_and_unload()  # the target is a plain model; unlearning adds its own adapter
+        epochs = round(trainer.state.epoch or 0)
+        exact_match = stopper.exact_match if stopper.history and stopper.history[-1][0] == epochs else None
+        if exact_match is None:
+            exact_match = stopper.measure(model)
+        seconds = time.perf_counter() - start
+        info = {
+            "epochs": epochs,
+            "exact_match": exact_match,
+            "exact_match_history": stopper.history,
+            "seconds": seconds,
+            "num_parameters": _count_parameters(model),
+            "num_examples": len(train),
+            "final_loss": next(
+                (entry["loss"] for entry in reversed(trainer.state.log_history) if "loss" in entry), None
+            ),
+            "settings": settings,
+            "transformers_version": transformers.__version__,
+        }
+        shutil.rmtree(staging / "trainer", ignore_errors=True)
+        model.config.use_cache = True  # TRL turns it off for training; a saved model should generate with it
+        with _progress_bars(show_progress):
+            model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "info.json").write_text(json.dumps(info, indent=2))
+        try:
+            os.rename(staging, path)
+        except OSError:
+            # Another process cached the same settings meanwhile; keep theirs.
+            if not (path / "info.json").is_file():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    # Return what the cache holds, not the trained object (SFTTrainer leaves a patched forward on it), so a
+    # first and a cached run hand out the same thing.
+    model, tokenizer = _load_cached(path, show_progress)
+    info.update(cached=False, path=str(path))
+    return model, tokenizer, info
+
+
+def _load_cached(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any]:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    with _progress_bars(show_progress):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    return model, tokenizer
+
+
+def learn_retain_only_model(
+    split: str = "forget10", cache_dir: str | os.PathLike[str] | None = None, architecture: str = "llama"
+) -> tuple[PreTrainedModel, Any]:
+    """The embedded benchmark's model learned without ``split``'s authors (learned once, then cached): what forget
+    quality and PrivLeak compare an unlearned model with."""
+    model, tokenizer, _ = learn_target_model(
+        cache_dir=cache_dir, architecture=architecture, learn_split=retain_split_for(split), show_progress=False
+    )
+    return model, tokenizer
