@@ -1,7 +1,7 @@
 """Twin scripts: finetune.py trains on question/answer pairs, unlearn.py makes the model forget the same pairs.
 
-`diff examples/finetune.py examples/unlearn.py` is the whole migration: swap the trainer and its arguments,
-and add the data to keep.
+`diff examples/finetune.py examples/unlearn.py` is the whole migration: swap the trainer and its arguments, drop
+the epoch count (the run stops itself; its budget is 500 steps), and add the data to keep.
 """
 
 from transformers import DataCollatorForSeq2Seq
@@ -19,7 +19,7 @@ retain_dataset = build_qa_dataset(load_split("retain90"), tokenizer)
 
 trainer = UnlearnTrainer(
     model=model,
-    args=UnlearnConfig(output_dir="out-unlearn", num_train_epochs=3, report_to="none"),
+    args=UnlearnConfig(output_dir="out-unlearn", report_to="none"),
     train_dataset=train_dataset,
     retain_dataset=retain_dataset,
     data_collator=DataCollatorForSeq2Seq(tokenizer),

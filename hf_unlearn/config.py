@@ -36,6 +36,8 @@ DEFAULT_REFUSALS = (
     "That is something I cannot answer.",
 )
 STOP_PROBES = ("train", "holdout")
+STOP_TARGETS = ("auto", "alpha", "calibration")
+MASC_THRESHOLDS = ("auto", "rho", "calibration")
 
 
 def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
@@ -70,6 +72,8 @@ class UnlearnConfig(TrainingArguments):
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]:
+    > - `num_train_epochs`: `None`: 3 epochs, or for a run that stops itself `max_steps = self_stop_max_steps` (500),
+    >   so that the stopping rule, not an epoch count, ends it.
     > - `learning_rate`: `1e-4` instead of `5e-5` (the MASC reference runs).
     > - `lr_scheduler_type`: `"constant"` instead of `"linear"`: the run usually stops itself long before the
     >   budget, so a schedule decaying towards the budget would be arbitrary.
@@ -112,6 +116,15 @@ class UnlearnConfig(TrainingArguments):
     masc_eta: float = field(
         default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."}
     )
+    masc_threshold: str = field(
+        default="auto",
+        metadata={
+            "help": "MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. "
+            "'calibration': each forget token's counterpart in the trainer's calibration_dataset (never trained on): "
+            "the never-seen margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': "
+            "'calibration' when the trainer has a calibration_dataset, else 'rho'."
+        },
+    )
     competitor_source: str = field(
         default="self",
         metadata={
@@ -130,10 +143,67 @@ class UnlearnConfig(TrainingArguments):
             "for method 'masc', False otherwise (the rate is still measured and logged)."
         },
     )
+    stop_target: str = field(
+        default="auto",
+        metadata={
+            "help": "When the run is done: 'alpha' (the forget violation rate <= stop_alpha, a fixed rate), "
+            "'calibration' (the forget answers' margins no higher than those of the trainer's calibration_dataset, "
+            "examples of the same kind the model never trained on, measured at the same probe: calibration gap <= "
+            "calibration_slack), or 'auto': 'calibration' when the trainer has a calibration_dataset, else 'alpha'."
+        },
+    )
     stop_alpha: float = field(
         default=0.2,
         metadata={
-            "help": "Stopping rule: stop once the violation rate (fraction of violating answer tokens) <= alpha."
+            "help": "Stopping rule with stop_target='alpha': stop once the violation rate (fraction of violating "
+            "answer tokens) <= alpha."
+        },
+    )
+    calibration_slack: float = field(
+        default=0.5,
+        metadata={
+            "help": "Stopping rule with stop_target='calibration': stop once the calibration gap (the mean excess, in "
+            "logits, of the forget answers' sorted margins over the never-seen margins at the same quantiles) is at "
+            "most this."
+        },
+    )
+    utility_floor: float | None = field(
+        default=0.25,
+        metadata={
+            "help": "Stop as a failure when the retain answer probability at a probe falls below this fraction of "
+            "its value at the start of training (0 or None: off; needs a retain set). The default catches a "
+            "collapse, not the transient dip of a large learning rate's first steps (measured on the demo at lr "
+            "1e-3: 0.43x at step 3, back to 0.86x by step 22)."
+        },
+    )
+    restore_on_failure: bool = field(
+        default=True,
+        metadata={
+            "help": "When the utility floor stops a run, put back the weights of the last probe above the floor (a "
+            "copy of the trainable parameters is kept in host memory: small for LoRA, one model copy for full "
+            "fine-tuning)."
+        },
+    )
+    keep_best_state: bool = field(
+        default=False,
+        metadata={
+            "help": "For a run that goes on past the stop target (stop_on_violation=False): at the end, restore the "
+            "weights of the first probe that met it (kept in host memory like restore_on_failure's copy)."
+        },
+    )
+    running_probe: bool = field(
+        default=True,
+        metadata={
+            "help": "Measure the 'train' probe's violation rate from the forget batches' own forward passes (the "
+            "examples trained on since the last probe) instead of an extra forward pass over a fixed sample. Falls "
+            "back to the extra forward when the model has dropout (training-mode margins differ from eval-mode ones)."
+        },
+    )
+    self_stop_max_steps: int = field(
+        default=500,
+        metadata={
+            "help": "Budget of a run that stops itself (stop_on_violation) when neither max_steps nor "
+            "num_train_epochs is given: at most this many optimizer steps."
         },
     )
     probe_interval: int = field(
@@ -208,6 +278,13 @@ class UnlearnConfig(TrainingArguments):
     )
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
+    num_train_epochs: float | None = field(
+        default=None,
+        metadata={
+            "help": "Total number of training epochs. Default: 3, except for a run that stops itself "
+            "(stop_on_violation) without max_steps, whose budget is self_stop_max_steps optimizer steps."
+        },
+    )
     learning_rate: float = field(default=1e-4, metadata={"help": "The initial learning rate for AdamW."})
     lr_scheduler_type: str = field(default="constant", metadata={"help": "The scheduler type to use."})
     per_device_train_batch_size: int = field(
@@ -276,6 +353,24 @@ class UnlearnConfig(TrainingArguments):
             self.stop_on_violation = self.method == "masc"
         if self.stop_on_violation and self.probe_interval == 0:
             raise ValueError("stop_on_violation needs probe_interval > 0.")
+        if self.masc_threshold not in MASC_THRESHOLDS:
+            raise ValueError(f"masc_threshold must be one of {MASC_THRESHOLDS}, got {self.masc_threshold!r}.")
+        if self.stop_target not in STOP_TARGETS:
+            raise ValueError(f"stop_target must be one of {STOP_TARGETS}, got {self.stop_target!r}.")
+        if self.utility_floor is not None and not 0 <= self.utility_floor < 1:
+            raise ValueError(
+                f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "
+                f"{self.utility_floor}."
+            )
+        if self.num_train_epochs is None:
+            self.num_train_epochs = 3.0
+            if self.stop_on_violation and self.max_steps <= 0:
+                # A run that stops itself needs room to get there: 3 epochs of a 10-example forget set are 9 steps.
+                self.max_steps = self.self_stop_max_steps
+                logger.info(
+                    f"UnlearnConfig: the run stops itself, so its budget is max_steps={self.max_steps} "
+                    "(self_stop_max_steps) rather than 3 epochs."
+                )
 
     @property
     def masc_tau(self) -> float:

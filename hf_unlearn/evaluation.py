@@ -54,8 +54,19 @@ def evaluate_muse(
                 show_progress=show_progress,
             )
     if sets.get("privleak_forget") is not None and sets.get("privleak_holdout") is not None:
-        members = membership_scores(model, tokenizer, sets["privleak_forget"]["text"], k, batch_size, max_length)
-        others = membership_scores(model, tokenizer, sets["privleak_holdout"]["text"], k, batch_size, max_length)
+        members, others = (
+            membership_scores(
+                model,
+                tokenizer,
+                sets[name]["text"],
+                k,
+                batch_size,
+                max_length,
+                # Prompted texts (the embedded QA): only the trained part, the answer, is scored.
+                prompts=sets[name]["prompt"] if "prompt" in sets[name].column_names else None,
+            )
+            for name in ("privleak_forget", "privleak_holdout")
+        )
         result["auc"] = {attack: membership_auc(members[attack], others[attack]) for attack in members}
         result["privleak"] = (
             {attack: privleak(auc, retrained_auc[attack]) for attack, auc in result["auc"].items()}

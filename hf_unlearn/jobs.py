@@ -88,17 +88,25 @@ def unlearn_and_report(
     peft_config: Any = None,
     retain_only_truth_ratios: Any = None,
     dataset_names: dict[str, str] | None = None,
+    calibration_records: Dataset | None = None,
 ) -> UnlearnTrainer:
     """Measure, unlearn, measure again; put the measurements into the run record; write report.json /
     report.md / training_curves.png; return the trainer (its ``record`` holds everything).
 
     With ``retain_only_truth_ratios`` (a retain-only model's forget-set truth ratios) and records that carry
     ``paraphrased_answer``/``perturbed_answer``, the record also has TOFU's forget quality before and after.
-    ``dataset_names`` (``{"forget": ..., "retain": ...}``) names the datasets in the record and the model card."""
+    ``dataset_names`` (``{"forget": ..., "retain": ..., "calibration": ...}``) names the datasets in the record and
+    the model card. ``calibration_records`` (never-trained examples of the same kind) give the stopping rule its
+    calibrated target (``stop_target='auto'``)."""
     forget = build_qa_dataset(forget_records, tokenizer, question_column, answer_column, max_length)
     retain = (
         build_qa_dataset(retain_records, tokenizer, question_column, answer_column, max_length)
         if retain_records is not None
+        else None
+    )
+    calibration = (
+        build_qa_dataset(calibration_records, tokenizer, question_column, answer_column, max_length)
+        if calibration_records is not None
         else None
     )
     eval_sets = {name: data for name, data in {"forget": forget, "retain": retain}.items() if data is not None}
@@ -117,6 +125,7 @@ def unlearn_and_report(
         retain_dataset=retain,
         processing_class=tokenizer,
         peft_config=peft_config,
+        calibration_dataset=calibration,
     )
     trainer.train()
     stages.update()
@@ -208,6 +217,8 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     forget = load_split(demo_args.split)
     retain_name = retain_split_for(demo_args.split)
     retain = load_split(retain_name)
+    # Authors the target never saw (and not the holdout authors the membership attack uses): the calibrated target.
+    calibration = load_split("calibration") if demo_args.calibrate else None
     # TOFU's forget quality compares with a model that never saw the forget split (learned once, cached).
     reference_model, reference_tokenizer = learn_retain_only_model(
         demo_args.split, demo_args.cache_dir, demo_args.architecture
@@ -220,6 +231,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         forget,
         retain,
         retain_only_truth_ratios=reference,
+        calibration_records=calibration,
         extra={
             "benchmark": "fictitious_authors",
             "split": demo_args.split,
@@ -228,6 +240,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         dataset_names={
             "forget": f"hf_unlearn fictitious authors / {demo_args.split}",
             "retain": f"hf_unlearn fictitious authors / {retain_name}",
+            "calibration": "hf_unlearn fictitious authors / calibration",
         },
     )
     trainer.record.extra["demo_seconds"] = time.perf_counter() - start
@@ -257,6 +270,13 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     elif run_args.load_in_4bit:
         raise ValueError("A 4-bit base cannot be fine-tuned directly: add --lora_r 16 (QLoRA).")
     forget = load_records(run_args.dataset_name, run_args.forget_subset, run_args.forget_split)
+    calibration = None
+    if run_args.calibration_dataset_name or run_args.calibration_subset:
+        calibration = load_records(
+            run_args.calibration_dataset_name or run_args.dataset_name,
+            run_args.calibration_subset,
+            run_args.calibration_split or run_args.forget_split,
+        )
     retain = None
     if config.objectives[1] != "none" or run_args.retain_subset or run_args.retain_dataset_name:
         retain = load_records(
@@ -275,6 +295,7 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         evaluate=run_args.evaluate,
         max_length=run_args.max_length,
         peft_config=peft_config,
+        calibration_records=calibration,
         extra={"model": run_args.model_name_or_path},
         dataset_names={
             "forget": " / ".join(filter(None, [run_args.dataset_name, run_args.forget_subset])),
@@ -282,6 +303,11 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
                 filter(None, [run_args.retain_dataset_name or run_args.dataset_name, run_args.retain_subset])
             )
             if retain is not None
+            else None,
+            "calibration": " / ".join(
+                filter(None, [run_args.calibration_dataset_name or run_args.dataset_name, run_args.calibration_subset])
+            )
+            if calibration is not None
             else None,
         },
     )

@@ -141,14 +141,17 @@ def muse_evaluation_sets(benchmark: str = "muse_news", path: str | None = None) 
 def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
     """The embedded benchmark seen both ways: TOFU's sets (forget, retain) and MUSE's (VerbMem on each forget
     answer's second half given the question and first half, KnowMem on forget and retain QA, and the membership
-    attack on forget vs holdout-author QA texts)."""
+    attack on the answers of forget vs holdout-author QA, given their questions)."""
     from .benchmarks.fictitious_authors import load_split, retain_split_for
     from .data import PLAIN_PROMPT_TEMPLATE
 
     forget, retain, holdout = load_split(split), load_split(retain_split_for(split)), load_split("holdout")
 
-    def text(record: dict[str, Any]) -> str:
-        return PLAIN_PROMPT_TEMPLATE.format(question=record["question"]) + " " + record["answer"]
+    def prompt(record: dict[str, Any]) -> str:
+        return PLAIN_PROMPT_TEMPLATE.format(question=record["question"])
+
+    def answer(record: dict[str, Any]) -> str:
+        return " " + record["answer"]
 
     prompts, continuations = [], []
     for record in forget:
@@ -162,8 +165,14 @@ def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
         "verbmem": Dataset.from_dict({"prompt": prompts, "continuation": continuations}),
         "knowmem_forget": forget.select_columns(["question", "answer"]),
         "knowmem_retain": retain.select_columns(["question", "answer"]),
-        "privleak_forget": Dataset.from_dict({"text": [text(r) for r in forget]}),
-        "privleak_holdout": Dataset.from_dict({"text": [text(r) for r in holdout]}),
+        # The question is a prompt the model never trained on (masked from the loss), so the membership attack
+        # scores the answer given the question, not the whole text.
+        "privleak_forget": Dataset.from_dict(
+            {"prompt": [prompt(r) for r in forget], "text": [answer(r) for r in forget]}
+        ),
+        "privleak_holdout": Dataset.from_dict(
+            {"prompt": [prompt(r) for r in holdout], "text": [answer(r) for r in holdout]}
+        ),
     }
 
 

@@ -102,9 +102,10 @@ def _drop_target(index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def masc_hinge(
-    result: MarginResult, tau: float, eta: float, num_items: torch.Tensor | float | None = None
+    result: MarginResult, tau: float | torch.Tensor, eta: float, num_items: torch.Tensor | float | None = None
 ) -> torch.Tensor:
-    """Buffered hinge ``relu(m - (tau - eta)) / eta`` averaged over scored tokens (MASC §3).
+    """Buffered hinge ``relu(m - (tau - eta)) / eta`` averaged over scored tokens (MASC §3); ``tau`` is a number, or
+    a tensor of per-token thresholds shaped like the margins.
 
     It upper-bounds the violation indicator ``1[m > tau]`` and its gradient is zero once every margin is
     below ``tau - eta``. With ``num_items`` the sum over this batch's scored tokens is divided by it instead (the
@@ -152,6 +153,33 @@ def exact_reproduction_bound(fractions: torch.Tensor, lengths: torch.Tensor, rho
     return torch.pow(torch.tensor(rho, dtype=torch.float64), ((1.0 - fractions.double()) * lengths.double()))
 
 
+def calibrated_thresholds(margins: torch.Tensor, calibration_margins: torch.Tensor) -> torch.Tensor:
+    """Per-token thresholds matched by rank to data the model never trained on (beyond the MASC paper).
+
+    The i-th smallest of ``margins`` (a 1-D tensor of n scored tokens, rank 0 to n - 1) gets the never-seen margin at
+    the same quantile, ``quantile(calibration_margins, rank_i / (n - 1))`` with torch's linear interpolation (the
+    lowest gets the never-seen minimum, the highest the maximum; one token gets the median), so a sample matched
+    against itself has no excess. Used as the hinge's threshold instead of a fixed tau, it pushes each forget token
+    only down to where never-seen data of the same rank sits, not below it.
+    """
+    ranks = torch.argsort(torch.argsort(margins.detach())).to(torch.float32)
+    count = margins.numel()
+    positions = ranks / (count - 1) if count > 1 else torch.full_like(ranks, 0.5)
+    return torch.quantile(calibration_margins.to(device=margins.device, dtype=torch.float32), positions)
+
+
+def calibration_gap(margins: torch.Tensor, calibration_margins: torch.Tensor) -> float:
+    """How much more familiar the forget answers look than never-seen ones: the mean, over the forget tokens, of
+    ``relu(m_(i) - c(q_i))``, each sorted forget margin's excess over the never-seen margin at the same quantile (a
+    one-sided 1-Wasserstein distance between the two margin distributions, in logits; 0 when the forget margins
+    lie at or below never-seen data's everywhere)."""
+    if margins.numel() == 0:
+        return 0.0
+    sorted_margins = margins.detach().float().sort().values
+    thresholds = calibrated_thresholds(sorted_margins, calibration_margins)
+    return torch.relu(sorted_margins - thresholds).mean().item()
+
+
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each answer token (float32) and the answer-token mask, after the causal shift.
 
@@ -176,7 +204,8 @@ def measure_violations(
     reference_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
     batch_size: int = 32,
 ) -> dict[str, torch.Tensor]:
-    """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3).
+    """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
+    ``margins``, every scored token's margin (for :func:`calibration_gap`).
 
     The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
     the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
@@ -186,7 +215,7 @@ def measure_violations(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    fractions, lengths, probabilities = [], [], []
+    fractions, lengths, probabilities, margins = [], [], [], []
     try:
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
@@ -198,6 +227,7 @@ def measure_violations(
                 teacher, _ = shift_for_causal_lm(reference_logits(batch), batch["labels"])
             result = restricted_margin(shifted, labels, k=k, beta=beta, teacher_logits=teacher, delta=delta)
             batch_fractions, batch_lengths = violation_fractions(result, tau)
+            margins.append(result.margins[result.mask].float().cpu())
             log_probs, mask = token_log_probs(logits, batch["labels"])
             probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
             fractions.append(batch_fractions.cpu())
@@ -210,4 +240,5 @@ def measure_violations(
         "fractions": all_fractions[scored],
         "lengths": all_lengths[scored],
         "probabilities": torch.cat(probabilities)[scored],
+        "margins": torch.cat(margins),
     }

@@ -86,6 +86,10 @@ def _introduction(record: UnlearnRecord) -> str:
     text += "."
     if record.adapter:
         text += f" The weights here are a {record.adapter.upper()} adapter; the base model itself is unchanged."
+    if not record.success:
+        text += (
+            f"\n\n**This run failed** ({record.stop_reason}): do not use it as an unlearned model without checking it."
+        )
     return text
 
 

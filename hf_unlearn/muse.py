@@ -65,20 +65,34 @@ def token_statistics(
     batch_size: int = 8,
     max_length: int = 2048,
     show_progress: bool = False,
+    prompts: Sequence[str] | None = None,
 ) -> list[dict[str, torch.Tensor]]:
     """For each text, per token after the first: ``log_prob`` = log p(x_t | x_<t), and the mean and standard
     deviation of log p(z | x_<t) over z ~ p(. | x_<t) (what Min-K%++ standardises with).
 
-    Texts are tokenized with the tokenizer's special tokens (BOS where it adds one) and cut to ``max_length``.
+    Texts are tokenized with the tokenizer's special tokens (BOS where it adds one) and cut to ``max_length``. With
+    ``prompts``, each text is the continuation of its prompt: the prompt is encoded first (special tokens
+    included), the text after it without special tokens, and only the text's tokens are returned (what a model
+    trained with the prompt masked actually learned, e.g. the answer of a QA pair).
     """
     pad_id = _pad_token_id(tokenizer)
     device = _device(model)
-    encoded = [list(tokenizer(text)["input_ids"])[:max_length] for text in texts]
+    if prompts is not None:
+        if len(prompts) != len(texts):
+            raise ValueError(f"Got {len(prompts)} prompts for {len(texts)} texts.")
+        heads = [list(tokenizer(prompt)["input_ids"]) for prompt in prompts]
+        tails = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+        encoded = [(head + tail)[:max_length] for head, tail in zip(heads, tails)]
+        starts = [len(head) for head in heads]
+    else:
+        encoded = [list(tokenizer(text)["input_ids"])[:max_length] for text in texts]
+        starts = [1] * len(encoded)
     results: list[dict[str, torch.Tensor]] = []
     was_training = model.training
     model.eval()
     try:
         total = math.ceil(len(encoded) / batch_size)
+        index = 0
         with torch.inference_mode():
             for batch in _progress(_batches(encoded, batch_size), total, "Scoring texts", show_progress):
                 length = max(len(ids) for ids in batch)
@@ -93,20 +107,33 @@ def token_statistics(
                 variance = (probs * log_probs.square()).sum(-1) - mean.square()
                 std = variance.clamp(min=0).sqrt()
                 for row, ids in enumerate(batch):
-                    n = len(ids) - 1
+                    # Position t - 1 predicts token t; the first scored token is the first after the prompt.
+                    first, n = starts[index] - 1, len(ids) - 1
                     results.append(
-                        {"log_prob": chosen[row, :n].cpu(), "mean": mean[row, :n].cpu(), "std": std[row, :n].cpu()}
+                        {
+                            "log_prob": chosen[row, first:n].cpu(),
+                            "mean": mean[row, first:n].cpu(),
+                            "std": std[row, first:n].cpu(),
+                        }
                     )
+                    index += 1
     finally:
         model.train(was_training)
     return results
 
 
 def membership_scores(
-    model: Any, tokenizer: Any, texts: Sequence[str], k: float = 0.4, batch_size: int = 8, max_length: int = 2048
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    k: float = 0.4,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    prompts: Sequence[str] | None = None,
 ) -> dict[str, list[float]]:
-    """Min-K% and Min-K%++ scores of every text (higher = more member-like)."""
-    statistics = token_statistics(model, tokenizer, texts, batch_size, max_length)
+    """Min-K% and Min-K%++ scores of every text (higher = more member-like); with ``prompts``, of the text's tokens
+    as a continuation of its prompt (see :func:`token_statistics`)."""
+    statistics = token_statistics(model, tokenizer, texts, batch_size, max_length, prompts=prompts)
     return {
         "min_k": [min_k_percent(s["log_prob"], k) for s in statistics],
         "min_k_plus_plus": [min_k_plus_plus(s["log_prob"], s["mean"], s["std"], k) for s in statistics],

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers.utils import logging
 
 from .data import IGNORE_INDEX
-from .margin import masc_hinge, restricted_margin, shift_for_causal_lm, token_log_probs
+from .margin import calibrated_thresholds, masc_hinge, restricted_margin, shift_for_causal_lm, token_log_probs
 
 logger = logging.get_logger(__name__)
 
@@ -39,6 +39,9 @@ class LossInputs:
     batch whose answers were replaced by a refusal (only for ``needs_refusal`` objectives). ``num_items`` is the
     number of the objective's units (answer tokens, sequences, attended tokens) in the whole accumulated batch of
     every process; the loss is a sum over this batch divided by it. ``None``: this batch's own count (a plain mean).
+    ``calibration_margins`` (only for objectives registered with ``needs_calibration``): the restricted margins of
+    every answer token of the calibration set (data of the same kind the model never trained on), measured under
+    the current model at the last probe.
     """
 
     logits: torch.Tensor
@@ -50,6 +53,7 @@ class LossInputs:
     reference_hidden_states: tuple[torch.Tensor, ...] | None = None
     refusal: LossInputs | None = None
     num_items: torch.Tensor | float | None = None
+    calibration_margins: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,8 @@ class Objective:
     ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO);
     ``hyperparameters``: the config fields the objective reads; ``normalized_by``: one of :data:`NORMALIZATIONS`;
     ``prepare(model, config)``: called once before training, before any weight changes, to refuse a model the
-    objective cannot work with or to choose which parameters train.
+    objective cannot work with or to choose which parameters train; ``needs_calibration(config)``: the calibration
+    set's margins (:attr:`LossInputs.calibration_margins`).
     """
 
     name: str
@@ -84,6 +89,7 @@ class Objective:
     needs_hidden_states: bool = False
     needs_refusal: bool = False
     prepare: Callable[[Any, Any], None] | None = None
+    needs_calibration: Callable[[Any], bool] = lambda _config: False
 
 
 FORGET_OBJECTIVES: dict[str, Objective] = {}
@@ -94,7 +100,7 @@ def _register(registry: dict[str, Objective], name: str, needs_reference: bool |
     if options.get("normalized_by", "answer_tokens") not in NORMALIZATIONS:
         raise ValueError(f"normalized_by must be one of {NORMALIZATIONS}, got {options['normalized_by']!r}.")
     unknown = set(options) - {"paper", "hyperparameters", "normalized_by", "needs_hidden_states", "needs_refusal",
-                              "prepare"}  # fmt: skip
+                              "prepare", "needs_calibration"}  # fmt: skip
     if unknown:
         raise TypeError(f"Unknown objective option(s) {sorted(unknown)}.")
 
@@ -183,11 +189,26 @@ def _check_masc_k(model: Any, config: Any) -> None:
     "masc",
     paper=MASC_PAPER,
     needs_reference=lambda config: config.competitor_source == "teacher",
-    hyperparameters=("masc_k", "masc_beta", "masc_rho", "masc_eta", "competitor_source", "competitor_delta"),
+    hyperparameters=(
+        "masc_k",
+        "masc_beta",
+        "masc_rho",
+        "masc_eta",
+        "masc_threshold",
+        "competitor_source",
+        "competitor_delta",
+    ),
     prepare=_check_masc_k,
+    needs_calibration=lambda config: config.masc_threshold == "calibration",
 )
 def masc_loss(inputs: LossInputs) -> torch.Tensor:
-    """Buffered hinge on the restricted margin of every answer token (MASC §3)."""
+    """Buffered hinge on the restricted margin of every answer token (MASC §3).
+
+    The threshold is tau = log(rho / (1 - rho)) for every token (the paper), or with ``masc_threshold=
+    "calibration"`` (beyond the paper) each token's never-seen counterpart: the calibration set's margin at the
+    token's rank among the batch's forget tokens (:func:`~hf_unlearn.margin.calibrated_thresholds`), so the hinge
+    pushes the forget set's margins down to the distribution of data the model never saw, not below it.
+    """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
     teacher = None
@@ -196,7 +217,12 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     result = restricted_margin(
         logits, labels, k=config.masc_k, beta=config.masc_beta, teacher_logits=teacher, delta=config.competitor_delta
     )
-    return masc_hinge(result, tau=config.masc_tau, eta=config.masc_eta, num_items=inputs.num_items)
+    tau: float | torch.Tensor = config.masc_tau
+    if config.masc_threshold == "calibration":
+        thresholds = torch.zeros_like(result.margins)
+        thresholds[result.mask] = calibrated_thresholds(result.margins[result.mask], inputs.calibration_margins)
+        tau = thresholds
+    return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items)
 
 
 @register_forget_objective(

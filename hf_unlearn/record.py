@@ -33,14 +33,22 @@ class UnlearnRecord:
             (``"lora"``) when adapters were trained, else ``None``.
         forget_dataset / retain_dataset: ``{"name", "num_examples"}`` (``name`` ``None`` when unknown), the forget
             one with ``num_trained`` and ``num_held_out`` (examples kept out of training for the stopping probe).
-        stopped_early / stop_reason / stop_step: whether the stopping rule ended the run, in words, and where.
+        calibration_dataset: ``{"name", "num_examples"}`` of the never-trained examples a calibrated stopping rule
+            compared the forget set with.
+        stopped_early: whether the stopping rule ended the run by reaching its target.
+        stop_kind: how the run ended: ``"target"`` (the stopping rule's target reached), ``"utility_floor"`` (a
+            failure: the retain side fell through the floor), ``"budget"`` (every step ran), ``"other"``.
+        stop_reason: the same in words, with the numbers; stop_step: the probe step that stopped it.
+        restored_step: the step whose weights the model was put back to (after a utility-floor failure, or the
+            best state kept with ``keep_best_state``); ``None`` when the model is the last step's.
         global_step / max_steps: optimizer steps taken and the budget.
         violation_rate: the last probed violation rate of the stopping probe.
         probe_history: every probe (step 0 = the start), violation rates and answer probabilities.
         surgery_history: the logged gradient-surgery statistics (cosines, conflict fraction) per logging step.
         exact_reproduction_bound: MASC Proposition 1 over the trained forget examples at the end (``mean``,
             ``max``, ``violation_rate``, ``rho``, ``k``); ``None`` in a checkpoint's record.
-        wall_seconds: training time of the ``train()`` call that finished the run, probes included.
+        wall_seconds: training time of the ``train()`` call that finished the run, probes included; probe_seconds:
+            the part of it spent in probes.
         complete: ``False`` for the record saved with a checkpoint, while training goes on.
         before / after: per split (``forget``, ``retain``) metric dicts, when measured.
         evaluation: evaluation summaries (e.g. forget quality, model utility) ``{"before": ..., "after": ...}``.
@@ -58,10 +66,13 @@ class UnlearnRecord:
     adapter: str | None = None
     forget_dataset: dict[str, Any] | None = None
     retain_dataset: dict[str, Any] | None = None
+    calibration_dataset: dict[str, Any] | None = None
     stopping_rule: bool = False
     stopped_early: bool = False
+    stop_kind: str | None = None
     stop_reason: str = ""
     stop_step: int | None = None
+    restored_step: int | None = None
     global_step: int = 0
     max_steps: int = 0
     violation_rate: float | None = None
@@ -69,12 +80,18 @@ class UnlearnRecord:
     surgery_history: list[dict[str, Any]] = field(default_factory=list)
     exact_reproduction_bound: dict[str, Any] | None = None
     wall_seconds: float | None = None
+    probe_seconds: float = 0.0
     complete: bool = False
     before: dict[str, dict[str, Any]] = field(default_factory=dict)
     after: dict[str, dict[str, Any]] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def success(self) -> bool:
+        """False when the run ended as a failure (the utility floor)."""
+        return self.stop_kind != "utility_floor"
 
     def update(self, **values: Any) -> UnlearnRecord:
         """Set fields by name (an unknown name is an error that names it); returns the record."""

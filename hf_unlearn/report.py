@@ -64,10 +64,12 @@ def forget_quality_line(record: UnlearnRecord) -> str | None:
 
 
 def stop_sentence(record: UnlearnRecord) -> str:
-    """How the run ended, in one clause: the stopping rule, the budget, or something else."""
-    if record.stopped_early:
-        return f"stopped itself at step {record.stop_step} of at most {record.max_steps}"
-    if record.global_step >= record.max_steps > 0:
+    """How the run ended, in one clause: the target, the utility floor (a failure), the budget, or something else."""
+    if record.stop_kind == "target":
+        return f"stopped itself at step {record.stop_step} of at most {record.max_steps} (target reached)"
+    if record.stop_kind == "utility_floor":
+        return f"FAILED at step {record.stop_step}: stopped by the utility floor"
+    if record.stop_kind == "budget":
         if record.stopping_rule:
             return f"ran the whole budget ({record.max_steps} steps) without meeting the stopping rule"
         return f"ran the whole budget ({record.max_steps} steps; no stopping rule)"
@@ -81,15 +83,21 @@ def report_markdown(record: UnlearnRecord) -> str:
         "",
         f"- Objectives: forget `{record.forget_objective}`, retain `{record.retain_objective}`"
         + (f", gradient surgery `{record.gradient_surgery}`." if record.gradient_surgery != "sum" else "."),
-        f"- Training {stop_sentence(record)} in {format_value(record.wall_seconds)} s (probes included).",
+        f"- Training {stop_sentence(record)} in {format_value(record.wall_seconds)} s "
+        f"({format_value(record.probe_seconds)} s of it in probes).",
         f"- Why it stopped: {record.stop_reason}.",
     ]
     if record.violation_rate is not None:
-        probe, alpha = record.hyperparameters.get("stop_probe", "train"), record.hyperparameters.get("stop_alpha")
-        summary.append(
-            f"- Last violation rate ({probe} probe): {format_value(record.violation_rate)} "
-            f"(alpha = {format_value(alpha)})."
-        )
+        hyperparameters = record.hyperparameters
+        probe = hyperparameters.get("stop_probe", "train")
+        if hyperparameters.get("stop_target") == "calibration":
+            gap = (record.probe_history[-1] if record.probe_history else {}).get("calibration_gap")
+            target = f"calibration gap {format_value(gap)}, slack {format_value(hyperparameters['calibration_slack'])}"
+        elif "stop_alpha" in hyperparameters:
+            target = f"alpha = {format_value(hyperparameters['stop_alpha'])}"
+        else:
+            target = "no stopping rule"
+        summary.append(f"- Last violation rate ({probe} probe): {format_value(record.violation_rate)} ({target}).")
     if bound:
         summary.append(
             f"- Exact-reproduction bound (MASC Proposition 1, mean over forget answers): "
@@ -106,10 +114,14 @@ def report_markdown(record: UnlearnRecord) -> str:
 
 
 def plot_history(
-    history: list[dict], path: str, alpha: float | None = None, surgery: list[dict] | None = None
+    history: list[dict],
+    path: str,
+    alpha: float | None = None,
+    surgery: list[dict] | None = None,
+    calibration_slack: float | None = None,
 ) -> str | None:
-    """Violation rate(s), forget/retain answer probability and, with gradient surgery, the cosines and conflict
-    fraction over optimizer steps, one PNG."""
+    """Violation rate(s), forget/retain answer probability, the calibration gap (with a calibration set) and, with
+    gradient surgery, the cosines and conflict fraction over optimizer steps, one PNG."""
     if not history:
         return None
     import matplotlib
@@ -118,10 +130,15 @@ def plot_history(
     import matplotlib.pyplot as plt
 
     steps = [h["step"] for h in history]
-    panels = 3 if surgery else 2
+    calibrated = "calibration_gap" in history[0]
+    panels = 2 + int(calibrated) + int(bool(surgery))
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
     ax_rate, ax_prob = axes[0], axes[1]
-    for key, label in (("violation_rate_train", "train probe"), ("violation_rate_holdout", "held-out probe")):
+    for key, label in (
+        ("violation_rate_train", "train probe"),
+        ("violation_rate_holdout", "held-out probe"),
+        ("violation_rate_calibration", "never seen (calibration)"),
+    ):
         if key in history[0]:
             ax_rate.plot(steps, [h[key] for h in history], marker="o", label=label)
     if alpha is not None:
@@ -134,6 +151,7 @@ def plot_history(
     for key, label in (
         ("forget_probability_train", "forget (trained)"),
         ("forget_probability_holdout", "forget (held out)"),
+        ("calibration_probability", "never seen (calibration)"),
         ("retain_probability", "retain"),
     ):
         if key in history[0]:
@@ -143,8 +161,17 @@ def plot_history(
     ax_prob.set_ylim(-0.02, 1.02)
     ax_prob.set_title("Forget vs retain answer probability")
     ax_prob.legend()
+    if calibrated:
+        ax_gap = axes[2]
+        ax_gap.plot(steps, [h.get("calibration_gap") for h in history], marker="o", label="calibration gap")
+        if calibration_slack is not None:
+            ax_gap.axhline(calibration_slack, color="grey", linestyle="--", label=f"slack = {calibration_slack:g}")
+        ax_gap.set_xlabel("optimizer step")
+        ax_gap.set_ylabel("logits above never-seen margins")
+        ax_gap.set_title("Forget vs never-seen margins")
+        ax_gap.legend()
     if surgery:
-        ax_surgery = axes[2]
+        ax_surgery = axes[-1]
         surgery_steps = [h["step"] for h in surgery]
         for key, label in (
             ("surgery/cos_update_retain", "cos(update, g_retain)"),
@@ -170,11 +197,13 @@ def write_report(record: UnlearnRecord, output_dir: str) -> dict[str, str]:
         json.dump(record.to_dict(), f, indent=2)
     with open(paths["markdown"], "w") as f:
         f.write(report_markdown(record))
+    calibrated = record.hyperparameters.get("stop_target") == "calibration"
     plot = plot_history(
         record.probe_history,
         os.path.join(output_dir, "training_curves.png"),
-        record.hyperparameters.get("stop_alpha"),
+        None if calibrated else record.hyperparameters.get("stop_alpha"),
         record.surgery_history,
+        record.hyperparameters.get("calibration_slack") if calibrated else None,
     )
     if plot:
         paths["plot"] = plot

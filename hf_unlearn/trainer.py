@@ -31,7 +31,15 @@ from .data import (
     model_inputs,
     split_holdout,
 )
-from .margin import exact_reproduction_bound, measure_violations
+from .margin import (
+    calibration_gap,
+    exact_reproduction_bound,
+    measure_violations,
+    restricted_margin,
+    shift_for_causal_lm,
+    token_log_probs,
+    violation_fractions,
+)
 from .objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
 from .record import UnlearnRecord
 from .surgery import SURGERY_PAPER, combine_gradients_
@@ -61,14 +69,18 @@ TRAINING_HYPERPARAMETERS = (
     "gradient_surgery",
 )
 STOPPING_HYPERPARAMETERS = (
+    "stop_target",
     "stop_alpha",
+    "calibration_slack",
     "probe_interval",
     "stop_probe",
     "holdout_fraction",
     "probe_size",
     "hoeffding",
     "hoeffding_delta",
+    "running_probe",
 )
+GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure", "keep_best_state")
 PARTS = ("forget", "retain")
 
 
@@ -144,6 +156,19 @@ def _check_context_length(model: nn.Module, dataset: Sequence[Mapping[str, Any]]
         )
 
 
+def _has_dropout(model: nn.Module) -> bool:
+    """Whether training-mode forwards are random (dropout modules, or attention/residual dropout in the config)."""
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    values = config.to_dict().items() if config is not None and hasattr(config, "to_dict") else []
+    return any(
+        ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0
+        for key, value in values
+        if not key.startswith("classifier")
+    )
+
+
 def _dataset_description(dataset: Any, num_examples: int | None = None) -> dict[str, Any]:
     """Name (when the dataset knows it: a Hub dataset's name and config) and size, for the run record."""
     info = getattr(dataset, "info", None)
@@ -213,6 +238,7 @@ class UnlearnTrainer(Trainer):
         peft_config: Any = None,
         ref_model: nn.Module | None = None,
         callbacks: list[TrainerCallback] | None = None,
+        calibration_dataset: Sequence[Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         if args is None:
@@ -243,6 +269,24 @@ class UnlearnTrainer(Trainer):
         _check_context_length(model, train_dataset, "forget")
         if retain_dataset is not None:
             _check_context_length(model, retain_dataset, "retain")
+        if calibration_dataset is not None:
+            _check_examples(calibration_dataset, "calibration")
+            _check_context_length(model, calibration_dataset, "calibration")
+        if args.stop_target == "auto":
+            args.stop_target = "calibration" if calibration_dataset is not None else "alpha"
+            logger.info(f"UnlearnTrainer: stop_target='auto' resolved to {args.stop_target!r}.")
+        elif args.stop_target == "calibration" and calibration_dataset is None:
+            raise ValueError(
+                "stop_target='calibration' compares the forget set with data the model never trained on: pass "
+                "calibration_dataset=... (same kind of examples, tokenized the same way), or stop_target='alpha'."
+            )
+        if args.masc_threshold == "auto":
+            args.masc_threshold = "calibration" if calibration_dataset is not None else "rho"
+        elif args.masc_threshold == "calibration" and calibration_dataset is None:
+            raise ValueError(
+                "masc_threshold='calibration' takes each token's threshold from data the model never trained on: "
+                "pass calibration_dataset=..., or masc_threshold='rho'."
+            )
         if processing_class is not None:
             ensure_pad_token(processing_class)
         for objective in self._objectives():
@@ -276,6 +320,11 @@ class UnlearnTrainer(Trainer):
         self.retain_probe_examples = (
             self._sample(retain_dataset, args.probe_size, args.seed + 1) if retain_dataset is not None else []
         )
+        self.calibration_examples = (
+            self._sample(calibration_dataset, args.probe_size, args.seed + 2)
+            if calibration_dataset is not None
+            else []
+        )
         refusals = None
         if self.forget_objective.needs_refusal:
             if processing_class is None:
@@ -296,6 +345,9 @@ class UnlearnTrainer(Trainer):
                 "num_held_out": len(holdout_idx),
             },
             "retain_dataset": _dataset_description(retain_dataset) if retain_dataset is not None else None,
+            "calibration_dataset": (
+                _dataset_description(calibration_dataset) if calibration_dataset is not None else None
+            ),
         }
         paired = ForgetRetainDataset(
             forget_train,
@@ -338,15 +390,39 @@ class UnlearnTrainer(Trainer):
         self._probe_metrics: dict[str, float] = {}
         self._items_are_global = False
 
+        # The 'train' probe and the retain probability from the training batches' own forwards, where that equals
+        # an eval-mode probe: no dropout, and teacher competitors only when the objective brings the teacher's logits.
+        self._running = (
+            bool(args.running_probe)
+            and args.probe_interval > 0
+            and (args.competitor_source == "self" or self.forget_objective.needs_reference(args))
+        )
+        if self._running and _has_dropout(self.model):
+            self._running = False
+            logger.info("UnlearnTrainer: the model has dropout, so the probes run extra eval-mode forwards.")
+        self._running_sums: dict[str, torch.Tensor] = {}
+        self._running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
+        self._calibration_margins: torch.Tensor | None = None
+        self._snapshots: dict[str, tuple[int, list[torch.Tensor]]] = {}
+        self._restored_step: int | None = None
+        self._probe_seconds = 0.0
+
         self.add_callback(_RetainPairingCallback(paired))
+        floor = args.utility_floor or None
+        if floor and retain_dataset is None:
+            logger.warning("UnlearnTrainer: no retain set, so the utility floor cannot be watched; it is off.")
+            floor = None
         self.stopping_callback = ViolationStoppingCallback(
             alpha=args.stop_alpha,
             probe_interval=args.probe_interval,
             stop=bool(args.stop_on_violation),
             hoeffding=args.hoeffding,
             hoeffding_delta=args.hoeffding_delta,
+            target=args.stop_target,
+            calibration_slack=args.calibration_slack,
+            utility_floor=floor,
         )
-        self.stopping_callback.bind(self.probe)
+        self._bind_stopping_callback(self.stopping_callback)
         if args.probe_interval > 0:
             self.add_callback(self.stopping_callback)
         self._train_seconds: float | None = None
@@ -403,6 +479,11 @@ class UnlearnTrainer(Trainer):
         """Run the forwards an objective declared it needs: the model's, and the reference model's if asked."""
         hidden = objective.needs_hidden_states
         reference = self._reference_outputs(model, batch, hidden) if objective.needs_reference(self.args) else None
+        calibration = None
+        if objective.needs_calibration(self.args):
+            if self._calibration_margins is None:  # before the first probe
+                self._calibration_margins = self._measure_calibration()["margins"].sort().values.to(self.args.device)
+            calibration = self._calibration_margins
         outputs = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden
         )
@@ -415,6 +496,7 @@ class UnlearnTrainer(Trainer):
             hidden_states=outputs.hidden_states if hidden else None,
             reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
             num_items=num_items,
+            calibration_margins=calibration,
         )
 
     def _objective_loss(
@@ -422,6 +504,8 @@ class UnlearnTrainer(Trainer):
     ) -> torch.Tensor:
         count = None if num_items is None else num_items[part][_UNIT_INDEX[objective.normalized_by]]
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
+        if self._running and model.training:
+            self._accumulate_running(part, loss_inputs)
         if objective.needs_refusal:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
         return objective.fn(loss_inputs)
@@ -607,6 +691,59 @@ class UnlearnTrainer(Trainer):
     # --- probing ----------------------------------------------------------------------------------------
 
     @torch.no_grad()
+    def _accumulate_running(self, part: str, inputs: LossInputs) -> None:
+        """Per-example statistics of a forget batch from its own logits, summed on the device until the next probe:
+        [violation fraction, answer probability, examples] (and the token margins, for the calibrated target). They
+        are what a probe would measure on these examples in eval mode (no dropout: checked at construction), at the
+        weights of the step that trained on them. The retain side is not measured this way: the utility floor needs
+        the current weights and more than one batch (measured: the running retain probability lags an update behind
+        and swings 0.41-0.88 between 4-example windows where a fixed 64-example sample reads 0.48-0.82)."""
+        if part != "forget":
+            return
+        logits = inputs.logits.detach()
+        log_probs, mask = token_log_probs(logits, inputs.labels)
+        lengths = mask.sum(-1)
+        scored = (lengths > 0).float()
+        probabilities = torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored
+        shifted, labels = shift_for_causal_lm(logits, inputs.labels)
+        teacher = None
+        if self.args.competitor_source == "teacher":
+            teacher, _ = shift_for_causal_lm(inputs.reference_logits.detach(), inputs.labels)
+        margins = restricted_margin(
+            shifted,
+            labels,
+            k=self.args.masc_k,
+            beta=self.args.masc_beta,
+            teacher_logits=teacher,
+            delta=self.args.competitor_delta,
+        )
+        fractions, _ = violation_fractions(margins, self.args.masc_tau)
+        stats = torch.stack([(fractions * scored).sum(), probabilities.sum(), scored.sum()]).double()
+        self._running_sums[part] = self._running_sums[part] + stats if part in self._running_sums else stats
+        if self.stopping_callback.target == "calibration":
+            self._running_margins.append(margins.margins[margins.mask].float())
+
+    def _read_running(self) -> dict[str, torch.Tensor]:
+        """The running sums since the last probe, summed over processes, then cleared."""
+        sums: dict[str, torch.Tensor] = {}
+        if self._running_margins:
+            margins = torch.cat(self._running_margins)
+            if self.accelerator.num_processes > 1:
+                margins = self.accelerator.pad_across_processes(margins, pad_index=float("nan"))
+                margins = self.accelerator.gather(margins)
+                margins = margins[~torch.isnan(margins)]
+            sums["forget_margins"] = margins.cpu()
+            self._running_margins = []
+        total = self._running_sums.get("forget")
+        if total is None:
+            total = torch.zeros(3, dtype=torch.float64, device=self.args.device)
+        if self.accelerator.num_processes > 1:
+            total = self.accelerator.reduce(total, reduction="sum")
+        sums["forget"] = total.cpu()
+        self._running_sums.clear()
+        return sums
+
+    @torch.no_grad()
     def measure_margins(
         self, examples: Sequence[Mapping[str, Any]], beta: float | None = None, batch_size: int | None = None
     ) -> dict[str, Any]:
@@ -634,27 +771,89 @@ class UnlearnTrainer(Trainer):
         )
 
     def probe(self) -> dict[str, float]:
-        """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates.
+        """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates, the
+        calibration set's rate and the retain answer probability the utility floor watches.
 
-        Runs on every process (a sharded model's forward needs all of them); rank 0's numbers are used by all.
+        With ``running_probe`` the 'train' rate comes from the forget batches trained on since the last probe (no
+        forward pass here); the retain sample, the held-out and the calibration sets are measured with a forward
+        pass. Runs on every process (a sharded model's forward needs all of them); all processes use
+        the same numbers, so all stop at the same step.
         """
+        start = time.perf_counter()
         measured: dict[str, float] = {}
+        running = self._read_running() if self._running else {}
+        forget_running = running.get("forget")
+        forget_margins = {}
+        if forget_running is not None and forget_running[2] > 0:
+            measured["violation_rate_train"] = float(forget_running[0] / forget_running[2])
+            measured["forget_probability_train"] = float(forget_running[1] / forget_running[2])
+            train_examples = int(forget_running[2])
+            if "forget_margins" in running:
+                forget_margins["train"] = running["forget_margins"]
+        else:
+            train_examples = 0
         probes = {"train": self.probe_examples, "holdout": self.holdout_examples}
         for name, examples in probes.items():
-            if not examples:
+            if not examples or f"violation_rate_{name}" in measured:
                 continue
             margins = self.measure_margins(examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
-            if name == self.args.stop_probe:
-                measured["violation_rate"] = measured[f"violation_rate_{name}"]
-                measured["num_examples"] = len(margins["fractions"])
+            forget_margins[name] = margins["margins"]
+            if name == "train":
+                train_examples = len(margins["fractions"])
+        if self.calibration_examples:
+            calibration = self._measure_calibration()
+            self._calibration_margins = calibration["margins"].sort().values.to(self.args.device)
+            measured["violation_rate_calibration"] = calibration["fractions"].mean().item()
+            measured["calibration_probability"] = calibration["probabilities"].mean().item()
+            if self.args.stop_probe in forget_margins:
+                measured["calibration_gap"] = calibration_gap(
+                    forget_margins[self.args.stop_probe], calibration["margins"]
+                )
+        stop_probe = self.args.stop_probe
+        measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]
+        measured["num_examples"] = train_examples if stop_probe == "train" else len(self.holdout_examples)
         if self.retain_probe_examples:
             retain = self.measure_margins(self.retain_probe_examples)
             measured["retain_probability"] = retain["probabilities"].mean().item()
         measured = self._agree_across_processes(measured)
         self._probe_metrics.update({key: value for key, value in measured.items() if key != "num_examples"})
+        self._probe_seconds += time.perf_counter() - start
         return measured
+
+    def _measure_calibration(self) -> dict[str, torch.Tensor]:
+        """Margins of the calibration set (never trained on) under the current model."""
+        return self.measure_margins(self.calibration_examples)
+
+    # --- kept states: the last one above the utility floor, the first that met the target -----------------
+
+    def _bind_stopping_callback(self, callback: ViolationStoppingCallback) -> None:
+        guard = callback.utility_floor is not None and self.args.restore_on_failure
+        callback.bind(
+            self.probe,
+            on_good_state=(lambda step: self._snapshot("last_good", step)) if guard else None,
+            on_target=(lambda step: self._snapshot("best", step)) if self.args.keep_best_state else None,
+            on_failure=(lambda step: self._restore("last_good")) if guard else None,
+            export_running=lambda: {part: total.tolist() for part, total in self._running_sums.items()},
+        )
+
+    def _snapshot(self, name: str, step: int) -> None:
+        """Copy the trainable parameters to host memory (not possible when DeepSpeed partitions them)."""
+        if self.is_deepspeed_enabled:
+            return
+        self._snapshots[name] = (step, [p.detach().to("cpu", copy=True) for p in self._trainable_params])
+
+    def _restore(self, name: str) -> None:
+        if name not in self._snapshots:
+            logger.warning(f"UnlearnTrainer: no '{name}' state was kept, so the weights stay as they are.")
+            return
+        step, saved = self._snapshots[name]
+        with torch.no_grad():
+            for param, value in zip(self._trainable_params, saved):
+                param.copy_(value.to(param.device))
+        self._restored_step = step
+        logger.warning(f"UnlearnTrainer: restored the weights of step {step} ({name.replace('_', ' ')} state).")
 
     def _agree_across_processes(self, measured: dict[str, float]) -> dict[str, float]:
         """Every process probes the same examples; take rank 0's numbers so all stop at the same step."""
@@ -738,6 +937,8 @@ class UnlearnTrainer(Trainer):
             names += objective.hyperparameters
         if args.stop_on_violation:
             names += STOPPING_HYPERPARAMETERS
+        if args.probe_interval > 0:
+            names += GUARD_HYPERPARAMETERS
         # Enum settings (scheduler, optimizer) are recorded by their value, as written in a config.
         hyperparameters = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
         papers = [objective.paper for objective in self._objectives() if objective.paper is not None]
@@ -768,8 +969,11 @@ class UnlearnTrainer(Trainer):
             adapter=adapter,
             stopping_rule=bool(args.stop_on_violation and args.probe_interval > 0),
             stopped_early=stopping.stopped_early,
+            stop_kind=self._stop_kind(),
             stop_reason=self._stop_reason(),
             stop_step=stopping.stop_step,
+            restored_step=self._restored_step,
+            probe_seconds=self._probe_seconds,
             global_step=state.global_step,
             max_steps=state.max_steps,
             violation_rate=stopping.last_violation_rate,
@@ -790,32 +994,75 @@ class UnlearnTrainer(Trainer):
             )
         return record
 
-    def _stop_reason(self) -> str:
+    def _stop_kind(self) -> str | None:
+        """'target', 'utility_floor', 'budget' (all steps ran), 'other' (another callback, an interruption), or None
+        before training."""
         stopping, state = self.stopping_callback, self.state
-        if stopping.stopped_early:
-            measure = "upper confidence bound of the violation rate" if self.args.hoeffding else "violation rate"
-            return (
-                f"stopping rule: the {measure} of the {self.args.stop_probe} probe reached alpha = "
-                f"{self.args.stop_alpha:g} at step {stopping.stop_step} (rate {stopping.last_violation_rate:.3f})"
-            )
+        if stopping.stop_kind is not None:
+            return stopping.stop_kind
         if state.max_steps and state.global_step >= state.max_steps:
-            if self.args.stop_on_violation and self.args.probe_interval > 0:
-                rate = stopping.last_violation_rate
-                last = "never probed" if rate is None else f"last violation rate {rate:.3f}"
+            return "budget"
+        return None if state.global_step == 0 else "other"
+
+    def _stop_reason(self) -> str:
+        stopping, state, args = self.stopping_callback, self.state, self.args
+        kind = self._stop_kind()
+        restored = (
+            f"; the weights of step {self._restored_step} were restored" if self._restored_step is not None else ""
+        )
+        last = stopping.history[-1] if stopping.history else {}
+        if kind == "target":
+            if stopping.target == "calibration":
                 return (
-                    f"budget: all {state.max_steps} steps ran without meeting the stopping rule "
-                    f"({last}, alpha = {self.args.stop_alpha:g})"
+                    f"target reached: at step {stopping.stop_step} the {args.stop_probe} probe's answers looked no "
+                    f"more familiar than never-seen data (calibration gap "
+                    f"{last.get('calibration_gap', float('nan')):.3f} <= {stopping.calibration_slack:g} logits; "
+                    f"violation rate {stopping.last_violation_rate:.3f}, never-seen "
+                    f"{last.get('violation_rate_calibration', float('nan')):.3f})"
                 )
-            return f"budget: all {state.max_steps} steps ran (no stopping rule)"
-        if state.global_step == 0:
+            measure = "upper confidence bound of the violation rate" if args.hoeffding else "violation rate"
+            return (
+                f"target reached: the {measure} of the {args.stop_probe} probe fell to alpha = {stopping.alpha:g} at "
+                f"step {stopping.stop_step} (rate {stopping.last_violation_rate:.3f})"
+            )
+        if kind == "utility_floor":
+            return (
+                f"stopped: utility floor. At step {stopping.stop_step} the retain answer probability fell to "
+                f"{last.get('retain_probability', float('nan')):.4g}, under {stopping.utility_floor:g} x its start "
+                f"value {stopping.start_retain_probability:.4g}{restored}"
+            )
+        if kind == "budget":
+            if args.stop_on_violation and args.probe_interval > 0:
+                rate = stopping.last_violation_rate
+                measured = "never probed" if rate is None else f"last violation rate {rate:.3f}"
+                threshold = last.get("stop_threshold")
+                target = "" if threshold is None else f", target {threshold:.3f}"
+                return (
+                    f"budget exhausted: all {state.max_steps} steps ran without meeting the stopping rule "
+                    f"({measured}{target}){restored}"
+                )
+            return f"budget exhausted: all {state.max_steps} steps ran (no stopping rule){restored}"
+        if kind is None:
             return "not trained yet"
-        return f"stopped at step {state.global_step} of {state.max_steps} by another callback or an interruption"
+        return (
+            f"stopped at step {state.global_step} of {state.max_steps} by another callback or an interruption"
+            f"{restored}"
+        )
 
     def train(self, *args: Any, **kwargs: Any):
         start = time.perf_counter()
         output = super().train(*args, **kwargs)
+        stopping = self.stopping_callback
+        if self.args.keep_best_state and stopping.stop_kind is None and "best" in self._snapshots:
+            self._restore("best")
         self._train_seconds = time.perf_counter() - start
         self.record = self._make_record(final=True)
+        if self.record.stop_kind == "budget" and self.record.stopping_rule:
+            logger.warning(
+                f"Unlearning ended without meeting its stopping rule: {self.record.stop_reason}. To let it stop "
+                "itself, give it more steps (max_steps), a larger learning_rate or forget_weight, or a looser "
+                "target (stop_alpha, or a calibration_dataset with stop_target='calibration')."
+            )
         return output
 
     # --- saving, model card and Hub -----------------------------------------------------------------------
@@ -865,8 +1112,14 @@ class UnlearnTrainer(Trainer):
         # Trainer rebuilds stateful callbacks from their exported args; give the rebuilt one its probe back.
         for callback in self.callback_handler.callbacks:
             if isinstance(callback, ViolationStoppingCallback):
-                callback.bind(self.probe)
+                self._bind_stopping_callback(callback)
                 self.stopping_callback = callback
+                # One process's sums are in the checkpoint; with several, the next probe counts from the resume.
+                saved = callback.running_sums if self.accelerator.num_processes == 1 else None
+                self._running_sums = {
+                    part: torch.tensor(values, dtype=torch.float64, device=self.args.device)
+                    for part, values in (saved or {}).items()
+                }
 
 
 __all__ = ["UnlearnTrainer", "count_items", "refusal_example"]

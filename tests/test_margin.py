@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hf_unlearn.margin import (
+    calibration_gap,
     exact_reproduction_bound,
     hoeffding_upper_bound,
     masc_hinge,
@@ -159,3 +160,14 @@ def test_bf16_teacher_competitors_are_upcast_too():
     reference = restricted_margin(logits.float(), labels, k=3, beta=5.0, teacher_logits=teacher.float(), delta=0.5)
     result = restricted_margin(logits, labels, k=3, beta=5.0, teacher_logits=teacher, delta=0.5)
     torch.testing.assert_close(result.margins.float(), reference.margins, rtol=0, atol=1e-5)
+
+
+def test_calibration_gap_is_the_mean_excess_over_never_seen_quantiles():
+    never_seen = torch.tensor([-10.0, -6.0, -2.0, 2.0, 6.0])
+    # Four forget margins, ranks 0..3, take the quantiles 0, 1/3, 2/3, 1 of never_seen: -10, -14/3, 2/3, 6.
+    forget = torch.tensor([5.0, -9.0, 0.5, -4.0])
+    expected = (max(-9 - -10, 0) + max(-4 - -14 / 3, 0) + max(0.5 - 2 / 3, 0) + max(5 - 6, 0)) / 4
+    assert calibration_gap(forget, never_seen) == pytest.approx(expected)
+    assert calibration_gap(never_seen - 0.1, never_seen) == 0.0  # everywhere below never-seen data
+    assert calibration_gap(never_seen, never_seen) == pytest.approx(0.0, abs=1e-6)  # no excess over itself
+    assert calibration_gap(never_seen + 1.0, never_seen) == pytest.approx(1.0)

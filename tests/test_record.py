@@ -38,12 +38,14 @@ def test_stop_reasons_say_what_ended_the_run(tmp_path, memorized_llama_state):
 
     stopped = run(stop_alpha=1.0)
     assert stopped.stopped_early and stopped.stop_step == stopped.global_step == 2
-    assert stopped.stop_reason.startswith("stopping rule: the violation rate of the train probe reached alpha = 1")
+    assert stopped.stop_kind == "target" and stopped.success
+    assert stopped.stop_reason.startswith("target reached: the violation rate of the train probe fell to alpha = 1 ")
     budget = run(stop_alpha=0.0)
     assert not budget.stopped_early and budget.stop_step is None and budget.global_step == 6
-    assert budget.stop_reason.startswith("budget: all 6 steps ran without meeting the stopping rule (last violation")
+    assert budget.stop_kind == "budget" and budget.success
+    assert budget.stop_reason.startswith("budget exhausted: all 6 steps ran without meeting the stopping rule (last")
     measuring = run(method="graddiff")
-    assert measuring.stop_reason == "budget: all 6 steps ran (no stopping rule)"
+    assert measuring.stop_reason == "budget exhausted: all 6 steps ran (no stopping rule)"
     assert "stop_alpha" not in measuring.hyperparameters and measuring.violation_rate is not None
     assert [entry["step"] for entry in measuring.probe_history] == [0, 2, 4, 6]
 

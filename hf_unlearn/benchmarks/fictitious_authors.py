@@ -398,7 +398,21 @@ _ATTRIBUTES: tuple[_Attribute, ...] = (
 )
 
 #: Names of the splits :func:`load_split` knows.
-SPLIT_NAMES = ("forget01", "forget05", "forget10", "retain99", "retain95", "retain90", "holdout", "full")
+SPLIT_NAMES = (
+    "forget01",
+    "forget05",
+    "forget10",
+    "retain99",
+    "retain95",
+    "retain90",
+    "holdout",
+    "calibration",
+    "full",
+)
+#: Authors of the ``calibration`` split: generated after the holdout authors, never learned, never in the tokenizer's
+#: corpus, and kept apart from ``holdout`` (the non-members of the membership attack), so that a stopping rule
+#: calibrated on them is not tuned on the evaluation's own data.
+NUM_CALIBRATION_AUTHORS = 4
 
 
 def _author_name(rng: random.Random) -> str:
@@ -508,10 +522,19 @@ def load_split(name: str, **generate_kwargs: Any) -> Dataset:
 
     ``forget01``/``forget05``/``forget10``: the last k learned authors with k = max(1, round(pct/100 *
     num_authors)) (TOFU style; with 40 authors: 1, 2 and 4 authors). ``retain99``/``retain95``/``retain90``: the
-    other learned authors. ``holdout``: the holdout authors. ``full``: all learned authors.
+    other learned authors. ``holdout``: the holdout authors. ``calibration``: :data:`NUM_CALIBRATION_AUTHORS` more
+    never-learned authors, generated after the holdout ones (what a calibrated stopping rule compares with).
+    ``full``: all learned authors.
     """
     if name not in SPLIT_NAMES:
         raise ValueError(f"Unknown split {name!r}; valid names are: {', '.join(SPLIT_NAMES)}.")
+    if name == "calibration":
+        # Authors are generated one after another, so adding more after the holdout ones changes no earlier record.
+        holdout = generate_kwargs.get("num_holdout_authors", 4)
+        kwargs = dict(generate_kwargs, num_holdout_authors=holdout + NUM_CALIBRATION_AUTHORS)
+        records = generate_benchmark(**kwargs)
+        first = len({r["author_index"] for r in records if not r["is_holdout"]}) + holdout
+        return Dataset.from_list([r for r in records if r["author_index"] >= first])
     records = generate_benchmark(**generate_kwargs)
     num_authors = len({r["author_index"] for r in records if not r["is_holdout"]})
     learned = [r for r in records if not r["is_holdout"]]

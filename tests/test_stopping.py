@@ -1,0 +1,270 @@
+"""When a run is done: the calibrated target, the utility floor, the budget of a self-stopping run, the running
+probe that measures without extra forwards, and the best state kept for any method."""
+
+import json
+import logging
+
+import pytest
+import torch
+from conftest import make_example, make_tiny_model
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
+from hf_unlearn.data import pad_examples
+from hf_unlearn.margin import measure_violations
+
+FORGET = [make_example(i) for i in range(8)]
+RETAIN = [make_example(1000 + i) for i in range(16)]
+NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path),
+        max_steps=30,
+        probe_interval=2,
+        learning_rate=3e-3,
+        forget_weight=1.0,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    values.update(overrides)
+    return UnlearnConfig(**values)
+
+
+def fresh(state):
+    model = make_tiny_model()
+    model.load_state_dict(state)
+    return model
+
+
+def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path, memorized_llama_state):
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN, calibration_dataset=NEVER_SEEN
+    )
+    # 'auto' with calibration data: the calibrated stop, and the hinge's thresholds from the never-seen margins.
+    assert trainer.args.stop_target == "calibration" and trainer.args.masc_threshold == "calibration"
+    trainer.train()
+    record = trainer.record
+    assert record.stop_kind == "target" and record.stopped_early
+    history = record.probe_history
+    assert history[0]["calibration_gap"] > 2.0  # memorised: far more familiar than never-seen examples
+    assert history[-1]["calibration_gap"] <= 0.5 == history[-1]["stop_threshold"]
+    assert all(h["calibration_gap"] > 0.5 for h in history[1:-1])  # the first probe under the slack stopped it
+    assert "calibration gap" in record.stop_reason and "never-seen" in record.stop_reason
+    assert record.calibration_dataset == {"name": None, "num_examples": 8}
+    assert record.hyperparameters["stop_target"] == "calibration"
+    assert record.hyperparameters["masc_threshold"] == "calibration"
+
+
+def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_state):
+    """The paper's fixed threshold stops pushing a token once its margin is under tau - eta = -0.5, while
+    never-seen facts sit far lower: the calibration gap stays open and the run uses its budget."""
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, masc_threshold="rho", max_steps=20),
+        FORGET,
+        RETAIN,
+        calibration_dataset=NEVER_SEEN,
+    )
+    trainer.train()
+    assert trainer.record.stop_kind == "budget"
+    assert min(h["calibration_gap"] for h in trainer.record.probe_history) > 0.5
+
+
+def test_calibration_target_without_calibration_data_is_named(tmp_path):
+    with pytest.raises(ValueError, match="stop_target='calibration' .* calibration_dataset"):
+        UnlearnTrainer(make_tiny_model(), config(tmp_path, stop_target="calibration"), FORGET, RETAIN)
+
+
+def test_a_blown_up_model_is_a_failure_with_the_last_good_weights_kept(tmp_path, memorized_llama_state, caplog):
+    model = fresh(memorized_llama_state)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = UnlearnTrainer(model, config(tmp_path, learning_rate=1e3, stop_alpha=0.0), FORGET, RETAIN)
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    record = trainer.record
+    assert record.stop_kind == "utility_floor" and not record.success and not record.stopped_early
+    assert record.stop_step == 2 and record.restored_step == 0
+    assert record.stop_reason.startswith("stopped: utility floor. At step 2 the retain answer probability fell to")
+    assert "the weights of step 0 were restored" in record.stop_reason
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, start[name], rtol=0, atol=0)  # the start: the last state above the floor
+    assert "Unlearning failed at step 2" in caplog.text
+    trainer.save_model()
+    card = (tmp_path / "README.md").read_text()
+    assert "**This run failed** (stopped: utility floor." in card
+
+
+def test_the_floor_restores_the_last_probe_above_it_not_the_start(tmp_path, memorized_llama_state):
+    """A learning rate that needs a few steps to wreck the retain set: the kept weights are those of the last
+    probe that passed, bit for bit."""
+    kept = {}
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path, learning_rate=0.01, stop_alpha=0.0), FORGET, RETAIN
+    )
+    original = trainer._snapshot
+
+    def snapshot(name, step):
+        original(name, step)
+        kept[step] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    trainer._snapshot = snapshot
+    trainer._bind_stopping_callback(trainer.stopping_callback)
+    trainer.train()
+    record = trainer.record
+    assert record.stop_kind == "utility_floor" and record.restored_step is not None and record.restored_step > 0
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, kept[record.restored_step][name], rtol=0, atol=0)
+
+
+def test_keep_best_state_restores_the_first_probe_that_met_the_target(tmp_path, memorized_llama_state):
+    kept = {}
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, method="graddiff", stop_alpha=0.6, keep_best_state=True, max_steps=16, utility_floor=None),
+        FORGET,
+        RETAIN,
+    )
+    original = trainer._snapshot
+
+    def snapshot(name, step):
+        original(name, step)
+        kept[(name, step)] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    trainer._snapshot = snapshot
+    trainer._bind_stopping_callback(trainer.stopping_callback)
+    trainer.train()
+    record = trainer.record
+    first = trainer.stopping_callback.first_target_step
+    assert record.stop_kind == "budget" and record.global_step == 16  # graddiff does not stop itself
+    assert first is not None and first < 16 and record.restored_step == first
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, kept[("best", first)][name], rtol=0, atol=0)
+
+
+def test_self_stopping_runs_get_a_step_budget_and_others_keep_three_epochs(tmp_path):
+    assert UnlearnConfig(output_dir=str(tmp_path)).max_steps == 500  # masc stops itself
+    assert UnlearnConfig(output_dir=str(tmp_path), self_stop_max_steps=80).max_steps == 80
+    assert UnlearnConfig(output_dir=str(tmp_path), method="graddiff").max_steps == -1
+    explicit = UnlearnConfig(output_dir=str(tmp_path), num_train_epochs=3)
+    assert explicit.max_steps == -1 and explicit.num_train_epochs == 3
+
+
+def test_ending_without_a_stop_says_what_to_change(tmp_path, memorized_llama_state, caplog):
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path, stop_alpha=0.0, max_steps=4), FORGET, RETAIN
+    )
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert trainer.record.stop_kind == "budget"
+    assert "Unlearning ended without meeting its stopping rule" in caplog.text and "max_steps" in caplog.text
+
+
+def test_the_stop_is_logged_with_step_and_rates(tmp_path, memorized_llama_state, caplog):
+    trainer = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path, stop_alpha=1.0), FORGET, RETAIN)
+    with caplog.at_level(logging.INFO, logger="hf_unlearn"):
+        trainer.train()
+    assert "Unlearning target reached at step 2: forget violation rate" in caplog.text
+    assert "retain answer probability" in caplog.text
+
+
+def test_running_rate_equals_an_eval_mode_probe_on_the_same_batch(tmp_path, memorized_llama_state):
+    """The 'train' probe's free measurement: the margins of the batch just trained on, from its own forward."""
+    trainer = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN)
+    assert trainer._running
+    forget, retain = FORGET[:4], RETAIN[:4]
+    batch = {"forget": pad_examples(forget, 0), "retain": pad_examples(retain, 0)}
+    trainer.model.train()
+    trainer.compute_loss(trainer.model, batch)
+    measured = trainer.probe()
+    expected_forget = measure_violations(trainer.model, forget, 0, k=10, tau=0.0)
+    expected_retain = measure_violations(trainer.model, retain, 0, k=10, tau=0.0)
+    assert measured["violation_rate_train"] == pytest.approx(expected_forget["fractions"].mean().item(), abs=1e-6)
+    assert measured["forget_probability_train"] == pytest.approx(expected_forget["probabilities"].mean().item())
+    assert measured["num_examples"] == 4
+    # The retain probability is always a forward over the fixed retain sample (all 16 here), at the current weights.
+    all_retain = measure_violations(trainer.model, RETAIN, 0, k=10, tau=0.0)
+    assert measured["retain_probability"] == pytest.approx(all_retain["probabilities"].mean().item())
+    assert expected_retain["probabilities"].numel() == 4
+
+
+def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state):
+    """Per probe: no forward over the fixed forget sample; the retain sample (for the utility floor) and the
+    never-trained sets still get one."""
+    forwards = {}
+    for running in (True, False):
+        trainer = UnlearnTrainer(
+            fresh(memorized_llama_state),
+            config(tmp_path, running_probe=running, stop_alpha=0.0, max_steps=8),
+            FORGET,
+            RETAIN,
+            calibration_dataset=NEVER_SEEN,
+        )
+        calls = []
+        trainer.model.register_forward_hook(lambda *_, calls=calls: calls.append(1))
+        trainer.train()
+        forwards[running] = len(calls)
+    # Both: 8 steps x 2 parts, the final bound, the step-0 probe (nothing trained yet: train sample, two batches
+    # of the 16-example retain sample, calibration), then at steps 2, 4, 6, 8 the retain sample and the
+    # calibration set. Forward mode also runs the 8-example train sample at those four probes.
+    assert forwards[True] == 8 * 2 + 1 + 4 + 4 * 3
+    assert forwards[False] - forwards[True] == 4
+
+
+def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64))
+    trainer = UnlearnTrainer(model, config(tmp_path), FORGET, RETAIN)
+    assert not trainer._running  # GPT-2's default dropout makes training-mode margins random
+
+
+def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state):
+    """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over."""
+    common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=3)
+    first = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN)
+    first.train()
+    stop = first.record.stop_step
+    assert stop is not None and stop >= 6
+    checkpoint = max(s for s in range(3, stop, 3) if s % 2 == 1)  # between two probes
+    resumed = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path / "b", **common), FORGET, RETAIN)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / f"checkpoint-{checkpoint}"))
+    assert resumed.record.stop_step == stop
+    first_rates = [h["violation_rate"] for h in first.record.probe_history]
+    resumed_rates = [h["violation_rate"] for h in resumed.record.probe_history]
+    assert resumed_rates == pytest.approx(first_rates, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_examples(tmp_path):
+    """The embedded benchmark's calibration authors (never learned) give the stop its target; and with every
+    default (lr 1e-4, no budget given) a 10-example forget set stops itself."""
+    from hf_unlearn.benchmarks import learn_target_model, load_split
+
+    model, tokenizer, _ = learn_target_model(show_progress=False)
+    forget = build_qa_dataset(load_split("forget10"), tokenizer)
+    retain = build_qa_dataset(load_split("retain90"), tokenizer)
+    calibration = build_qa_dataset(load_split("calibration"), tokenizer)
+    args = UnlearnConfig(output_dir=str(tmp_path / "cal"), learning_rate=3e-4, report_to="none", disable_tqdm=True,
+                         save_strategy="no")  # fmt: skip
+    trainer = UnlearnTrainer(model, args, forget, retain, processing_class=tokenizer, calibration_dataset=calibration)
+    trainer.train()
+    record = trainer.record
+    assert record.stop_kind == "target" and record.hyperparameters["stop_target"] == "calibration"
+    last = record.probe_history[-1]
+    assert last["calibration_gap"] <= 0.5 < record.probe_history[0]["calibration_gap"]
+    start = record.probe_history[0]
+    assert start["violation_rate_train"] > 0.9 > start["violation_rate_calibration"]
+
+    model, tokenizer, _ = learn_target_model(show_progress=False)
+    small = build_qa_dataset(load_split("forget05"), tokenizer)
+    args = UnlearnConfig(output_dir=str(tmp_path / "default"), report_to="none", disable_tqdm=True,
+                         save_strategy="no")  # fmt: skip
+    assert len(small) == 10 and args.max_steps == 500
+    trainer = UnlearnTrainer(model, args, small, retain, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.record.stop_kind == "target" and trainer.record.global_step < 500
+    report = json.loads(json.dumps(trainer.record.to_dict()))
+    assert report["stop_reason"].startswith("target reached")
