@@ -1,22 +1,32 @@
-"""`hf-unlearn compare`: every method on the same target model and split, side by side.
+"""`hf-unlearn compare`: every method on the same target model and split, side by side, over learning rates and seeds.
 
 It answers the MASC paper's question (arXiv 2606.02920, §5): how much compute does each method need to reach a
 good forget/retain trade-off, and does it know when it got there?
 
-* Target: forget ROUGE-L recall <= ``forget_ratio`` x the target model's, and retain ROUGE-L recall >=
-  ``retain_ratio`` x the target model's.
+* The region is defined against a model that never trained on the forget set (the retain-only model, learned the
+  same way without the forget authors): the forget answers are reproduced no more than that model reproduces them
+  (forget ROUGE-L recall <= its + ``forget_rouge_tolerance``), they are as recognisable to a membership attack as
+  that model finds them (Min-K% AUC of the forget answers against never-learned holdout authors' answers, given the
+  questions, within ``membership_tolerance`` of the never-trained model's: MUSE's PrivLeak near 0), and retain
+  ROUGE-L recall >= ``retain_ratio`` x the target model's. TOFU's forget quality is reported, not used: with 20
+  forget questions its KS test already fails to tell the target model from the never-trained one on some machines
+  (p = 0.081 on the AMD EPYC of the README).
 * Baselines run the way a practitioner runs them: a fixed budget of ``epochs`` at each learning rate of a grid,
-  with the forget and retain metrics measured after every epoch. Time-to-target is training plus evaluation time
-  up to the first epoch that meets the target, at the learning rate that gets there soonest; grid cost is the
-  whole grid's time.
-* MASC runs once with the embedded benchmark's settings and stops itself; its time-to-target is its wall clock
-  until the stop, probes included, and the table says whether the stopped model meets the target.
+  with the metrics measured after every epoch. A run lands in the region at the end of its budget, or at some
+  epoch (what checkpoint selection would find). Time to the region is training plus evaluation up to the first
+  epoch inside it.
+* MASC runs at every learning rate too, each run stopping itself (with the benchmark's calibration authors unless
+  ``calibrate`` is off); it lands when the state it stopped at is in the region, and its time is its wall clock
+  until the stop, probes included (it needs no evaluation to decide).
+* Every (learning rate, seed) pair is run. Per method: how many runs land, the learning rate where most seeds land
+  (ties: the faster), the mean time to the region there, and the grid cost (one seed's whole grid, averaged).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +35,9 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from .config import UnlearnConfig
-from .data import build_qa_dataset
-from .metrics import evaluate_qa, forget_truth_ratio, truth_ratios
+from .data import build_qa_dataset, prompt_and_completion
+from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, truth_ratios
+from .muse import membership_auc, membership_scores
 from .trainer import UnlearnTrainer
 
 BASELINES = ["ga", "graddiff", "npo", "npo_klr", "simnpo", "rmu", "idk_dpo", "undial"]
@@ -39,20 +50,30 @@ class CompareArguments:
     output_dir: str = field(default="hf-unlearn-compare", metadata={"help": "Where compare.json/.md/.png go."})
     methods: list[str] = field(default_factory=lambda: list(BASELINES), metadata={"help": "Baselines to run."})
     learning_rates: list[float] = field(
-        default_factory=lambda: [1e-5, 1e-4, 1e-3], metadata={"help": "Learning-rate grid of the baselines."}
+        default_factory=lambda: [1e-5, 1e-4, 1e-3], metadata={"help": "Learning-rate grid of every method."}
     )
+    masc_learning_rates: list[float] | None = field(
+        default=None, metadata={"help": "MASC's learning rates (default: the same grid as the baselines)."}
+    )
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds of every (method, lr)."})
     epochs: int = field(default=10, metadata={"help": "Fixed budget of each baseline run, in epochs."})
-    masc_learning_rate: float = field(
-        default=1e-3, metadata={"help": "MASC's learning rate (the demo's, tuned for the tiny target model)."}
+    calibrate: bool = field(
+        default=True,
+        metadata={"help": "MASC gets the benchmark's calibration authors (never learned) and stops on them."},
     )
     split: str = field(default="forget10", metadata={"help": "Forget split of the embedded benchmark."})
     retain_eval_size: int = field(
         default=60, metadata={"help": "Retain examples measured after each epoch (a fixed sample of the split)."}
     )
-    forget_ratio: float = field(default=0.5, metadata={"help": "Target: forget ROUGE-L <= this x before."})
-    retain_ratio: float = field(default=0.9, metadata={"help": "Target: retain ROUGE-L >= this x before."})
+    forget_rouge_tolerance: float = field(
+        default=0.1, metadata={"help": "Region: forget ROUGE-L <= the never-trained model's + this."}
+    )
+    membership_tolerance: float = field(
+        default=0.1,
+        metadata={"help": "Region: |membership AUC - the never-trained model's| <= this (Min-K%, k = 0.4)."},
+    )
+    retain_ratio: float = field(default=0.95, metadata={"help": "Region: retain ROUGE-L >= this x the target's."})
     per_device_train_batch_size: int = field(default=4, metadata={"help": "Forget examples per step, every method."})
-    seed: int = field(default=0, metadata={"help": "Seed of every run."})
     base_model: str | None = field(
         default=None,
         metadata={
@@ -87,19 +108,52 @@ class _EpochEvaluator(TrainerCallback):
         self.epochs.append(row)
 
 
-def _meets(row: dict, target: dict) -> bool:
-    return row["forget"]["rouge_l_recall"] <= target["forget_rouge_l_recall_max"] and (
-        row["retain"]["rouge_l_recall"] >= target["retain_rouge_l_recall_min"]
+def prompt_text(tokenizer: Any, question: str) -> str:
+    """The prompt exactly as training tokenized it (plain template or the chat template)."""
+    return prompt_and_completion(tokenizer, question, "")[0]
+
+
+def answer_text(tokenizer: Any, question: str, answer: str) -> str:
+    """The completion exactly as training tokenized it, to score as the continuation of :func:`prompt_text`."""
+    return prompt_and_completion(tokenizer, question, answer)[1]
+
+
+def in_region(row: dict, region: dict) -> bool:
+    """Forget side like the never-trained model's (reproduced no more, as recognisable), retain side kept."""
+    forget = row["forget"]
+    return (
+        forget["rouge_l_recall"] <= region["forget_rouge_l_recall_max"]
+        and abs(forget["membership_auc"] - region["membership_auc_reference"]) <= region["membership_tolerance"]
+        and row["retain"]["rouge_l_recall"] >= region["retain_rouge_l_recall_min"]
     )
 
 
-def _distance(row: dict, target: dict) -> float:
-    """How far a checkpoint is from the target region (0 inside), to pick a checkpoint that never got there."""
-    forget_gap = max(0.0, row["forget"]["rouge_l_recall"] - target["forget_rouge_l_recall_max"])
-    retain_gap = max(0.0, target["retain_rouge_l_recall_min"] - row["retain"]["rouge_l_recall"])
-    return forget_gap / max(target["forget_rouge_l_recall_max"], 1e-9) + retain_gap / max(
-        target["retain_rouge_l_recall_min"], 1e-9
-    )
+def _summary(runs: list[dict], landed_key: str, time_key: str) -> dict:
+    """Per method, over its (lr, seed) runs: how many land, the lr where most seeds land (ties: the faster mean
+    time), the mean time to the region there, and the cost of one seed's whole grid."""
+    rates = sorted({run["learning_rate"] for run in runs})
+    seeds = sorted({run["seed"] for run in runs})
+
+    def score(lr: float) -> tuple[int, float]:
+        landed = [run for run in runs if run["learning_rate"] == lr and run[landed_key]]
+        times = [run[time_key] for run in landed]
+        return len(landed), -(statistics.mean(times) if times else float("inf"))
+
+    best = max(rates, key=score)
+    landed_at_best = [run for run in runs if run["learning_rate"] == best and run[landed_key]]
+    grid = [sum(run["seconds"] for run in runs if run["seed"] == seed) for seed in seeds]
+    single = [run["seconds"] for run in runs if run["learning_rate"] == best]
+    shown = next(iter(landed_at_best), None) or next(run for run in runs if run["learning_rate"] == best)
+    return {
+        "runs": len(runs),
+        "landed": sum(run[landed_key] for run in runs),
+        "best_learning_rate": best,
+        "seeds_landed_at_best": len(landed_at_best),
+        "time_to_region_seconds": statistics.mean(run[time_key] for run in landed_at_best) if landed_at_best else None,
+        "grid_seconds": statistics.mean(grid),
+        "single_run_seconds": statistics.mean(single),
+        "shown": {key: shown[key] for key in ("learning_rate", "seed", "forget", "retain", "steps")},
+    }
 
 
 def run_compare(cli: CompareArguments) -> dict:
@@ -107,7 +161,7 @@ def run_compare(cli: CompareArguments) -> dict:
     from .benchmarks import learn_target_model, load_split, retain_split_for
 
     learn_lr = cli.learn_learning_rate or (1e-3 if cli.lora_r else 3e-3)
-    target_model, tokenizer, learn_info = learn_target_model(
+    learn = dict(
         show_progress=False,
         base_model=cli.base_model,
         lora_r=cli.lora_r if cli.base_model else 0,
@@ -116,12 +170,33 @@ def run_compare(cli: CompareArguments) -> dict:
         max_epochs=cli.learn_max_epochs,
         target_exact_match=cli.learn_exact_match,
     )
+    target_model, tokenizer, learn_info = learn_target_model(**learn)
+    # The never-trained reference: learned the same way, without the forget split's authors.
+    reference_model, reference_tokenizer, _ = learn_target_model(**learn, learn_split=retain_split_for(cli.split))
     state = {k: v.clone() for k, v in target_model.state_dict().items()}
     forget_records = load_split(cli.split, num_authors=cli.num_authors)
     retain_split = load_split(retain_split_for(cli.split), num_authors=cli.num_authors)
-    retain_eval = retain_split.shuffle(seed=cli.seed).select(range(min(cli.retain_eval_size, len(retain_split))))
+    retain_eval = retain_split.shuffle(seed=0).select(range(min(cli.retain_eval_size, len(retain_split))))
     forget = build_qa_dataset(forget_records, tokenizer)
     retain = build_qa_dataset(retain_split, tokenizer)
+    calibration = (
+        build_qa_dataset(load_split("calibration", num_authors=cli.num_authors), tokenizer) if cli.calibrate else None
+    )
+    reference_ratios = truth_ratios(reference_model, reference_tokenizer, forget_records)
+    holdout_records = load_split("holdout", num_authors=cli.num_authors)
+    member_prompts = [prompt_text(tokenizer, r["question"]) for r in forget_records]
+    other_prompts = [prompt_text(tokenizer, r["question"]) for r in holdout_records]
+
+    def membership(model, tokenizer=tokenizer) -> float:
+        members = membership_scores(
+            model, tokenizer, [answer_text(tokenizer, r["question"], r["answer"]) for r in forget_records],
+            prompts=member_prompts,
+        )["min_k"]  # fmt: skip
+        others = membership_scores(
+            model, tokenizer, [answer_text(tokenizer, r["question"], r["answer"]) for r in holdout_records],
+            prompts=other_prompts,
+        )["min_k"]  # fmt: skip
+        return membership_auc(members, others)
 
     def fresh_model():
         model = type(target_model)(target_model.config)
@@ -136,120 +211,128 @@ def run_compare(cli: CompareArguments) -> dict:
             r=cli.lora_r, lora_alpha=2 * cli.lora_r, target_modules="all-linear", task_type="CAUSAL_LM"
         )
 
-    def measure(model) -> dict:
+    def measure(model, tokenizer=tokenizer) -> dict:
         forget_metrics = evaluate_qa(model, tokenizer, forget_records)
-        forget_metrics["truth_ratio"] = forget_truth_ratio(truth_ratios(model, tokenizer, forget_records))
+        ratios = truth_ratios(model, tokenizer, forget_records)
+        forget_metrics["truth_ratio"] = forget_truth_ratio(ratios)
+        forget_metrics["forget_quality"] = forget_quality(ratios, reference_ratios)
+        forget_metrics["membership_auc"] = membership(model, tokenizer)
         return {"forget": forget_metrics, "retain": evaluate_qa(model, tokenizer, retain_eval)}
 
     before = measure(target_model)
-    target = {
-        "forget_rouge_l_recall_max": cli.forget_ratio * before["forget"]["rouge_l_recall"],
+    never_trained = measure(reference_model, reference_tokenizer)
+    region = {
+        "forget_rouge_l_recall_max": never_trained["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
+        "membership_auc_reference": never_trained["forget"]["membership_auc"],
+        "membership_tolerance": cli.membership_tolerance,
         "retain_rouge_l_recall_min": cli.retain_ratio * before["retain"]["rouge_l_recall"],
-        "forget_ratio": cli.forget_ratio,
         "retain_ratio": cli.retain_ratio,
         "before": before,
+        "never_trained": never_trained,
     }
     common = dict(
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
         logging_strategy="no",
-        seed=cli.seed,
         per_device_train_batch_size=cli.per_device_train_batch_size,
     )
-    runs = [(m, lr) for m in cli.methods for lr in cli.learning_rates]
-    progress = tqdm(total=len(runs) + 1, desc="hf-unlearn compare", unit="run")
+    masc_rates = cli.masc_learning_rates or cli.learning_rates
+    total = len(cli.seeds) * (len(masc_rates) + len(cli.methods) * len(cli.learning_rates))
+    progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")
     methods: dict[str, dict] = {}
-    points: list[dict] = []
+    runs: dict[str, list[dict]] = {"masc": []}
 
-    progress.set_postfix_str("masc")
-    args = UnlearnConfig(
-        output_dir=os.path.join(cli.output_dir, "runs", "masc"),
-        method="masc",
-        learning_rate=cli.masc_learning_rate,
-        num_train_epochs=40,
-        **common,
-    )
-    trainer = UnlearnTrainer(fresh_model(), args, forget, retain, processing_class=tokenizer, peft_config=peft_config)
-    trainer.train()
-    masc_row = measure(trainer.model)
-    record = trainer.record
-    methods["masc"] = {
-        "reached_target": _meets(masc_row, target),
-        "time_to_target_seconds": record.wall_seconds if _meets(masc_row, target) else None,
-        "seconds": record.wall_seconds,
-        "grid_seconds": record.wall_seconds,
-        "best_learning_rate": cli.masc_learning_rate,
-        "steps": record.global_step,
-        "stopped_early": record.stopped_early,
-        "stop_reason": record.stop_reason,
-        **masc_row,
-    }
-    points.append({"method": "masc", "learning_rate": cli.masc_learning_rate, **masc_row})
-    progress.update()
-
-    for method in cli.methods:
-        per_lr = []
-        for lr in cli.learning_rates:
-            progress.set_postfix_str(f"{method} lr={lr:g}")
+    for lr in masc_rates:
+        for seed in cli.seeds:
+            progress.set_postfix_str(f"masc lr={lr:g} seed={seed}")
             args = UnlearnConfig(
-                output_dir=os.path.join(cli.output_dir, "runs", f"{method}-{lr:g}"),
-                method=method,
-                learning_rate=lr,
-                num_train_epochs=cli.epochs,
-                probe_interval=0,
-                stop_on_violation=False,
+                output_dir=os.path.join(cli.output_dir, "runs", "masc"), method="masc", learning_rate=lr, seed=seed,
                 **common,
-            )
-            start = time.perf_counter()
-            evaluator = _EpochEvaluator(measure, start)
+            )  # fmt: skip
             trainer = UnlearnTrainer(
                 fresh_model(),
                 args,
                 forget,
                 retain,
                 processing_class=tokenizer,
-                callbacks=[evaluator],
                 peft_config=peft_config,
+                calibration_dataset=calibration,
             )
             trainer.train()
-            seconds = time.perf_counter() - start
-            first = next((row for row in evaluator.epochs if _meets(row, target)), None)
-            per_lr.append({"learning_rate": lr, "seconds": seconds, "epochs": evaluator.epochs, "first": first})
-            final = evaluator.epochs[-1]
-            points.append(
-                {"method": method, "learning_rate": lr, "forget": final["forget"], "retain": final["retain"]}
+            record = trainer.record
+            row = measure(trainer.model)
+            runs["masc"].append(
+                {
+                    "learning_rate": lr,
+                    "seed": seed,
+                    "seconds": record.wall_seconds,
+                    "steps": record.global_step,
+                    "stop_kind": record.stop_kind,
+                    "landed": record.stop_kind == "target" and in_region(row, region),
+                    **row,
+                }
             )
             progress.update()
-        reached = [run for run in per_lr if run["first"] is not None]
-        if reached:
-            best = min(reached, key=lambda run: run["first"]["seconds"])
-            selected = best["first"]
-        else:
-            best, selected = min(
-                ((run, row) for run in per_lr for row in run["epochs"]), key=lambda pair: _distance(pair[1], target)
-            )
-        methods[method] = {
-            "reached_target": bool(reached),
-            "time_to_target_seconds": selected["seconds"] if reached else None,
-            "grid_seconds": sum(run["seconds"] for run in per_lr),
-            "best_learning_rate": best["learning_rate"],
-            "steps": selected["step"],
-            "selected_epoch": selected["epoch"],
-            "forget": selected["forget"],
-            "retain": selected["retain"],
-            "learning_rates": [
-                {"learning_rate": run["learning_rate"], "seconds": run["seconds"], "epochs": run["epochs"]}
-                for run in per_lr
-            ],
-        }
+    methods["masc"] = _summary(runs["masc"], "landed", "seconds")
+
+    for method in cli.methods:
+        runs[method] = []
+        for lr in cli.learning_rates:
+            for seed in cli.seeds:
+                progress.set_postfix_str(f"{method} lr={lr:g} seed={seed}")
+                args = UnlearnConfig(
+                    output_dir=os.path.join(cli.output_dir, "runs", f"{method}-{lr:g}"),
+                    method=method,
+                    learning_rate=lr,
+                    seed=seed,
+                    num_train_epochs=cli.epochs,
+                    probe_interval=0,
+                    stop_on_violation=False,
+                    **common,
+                )
+                start = time.perf_counter()
+                evaluator = _EpochEvaluator(measure, start)
+                trainer = UnlearnTrainer(
+                    fresh_model(),
+                    args,
+                    forget,
+                    retain,
+                    processing_class=tokenizer,
+                    callbacks=[evaluator],
+                    peft_config=peft_config,
+                )
+                trainer.train()
+                first = next((row for row in evaluator.epochs if in_region(row, region)), None)
+                final = evaluator.epochs[-1]
+                runs[method].append(
+                    {
+                        "learning_rate": lr,
+                        "seed": seed,
+                        "seconds": time.perf_counter() - start,
+                        "steps": final["step"],
+                        "landed_at_end": in_region(final, region),
+                        "landed_at_some_epoch": first is not None,
+                        "time_to_region_seconds": first["seconds"] if first else None,
+                        "forget": (first or final)["forget"],
+                        "retain": (first or final)["retain"],
+                        "epochs": evaluator.epochs,
+                    }
+                )
+                progress.update()
+        methods[method] = _summary(runs[method], "landed_at_some_epoch", "time_to_region_seconds")
+        methods[method]["landed_at_end"] = sum(run["landed_at_end"] for run in runs[method])
     progress.close()
     result = {
-        "target": target,
+        "region": region,
         "methods": methods,
-        "points": points,
+        "runs": runs,
         "split": cli.split,
         "epochs": cli.epochs,
+        "seeds": cli.seeds,
+        "learning_rates": cli.learning_rates,
+        "masc_learning_rates": masc_rates,
+        "calibrate": cli.calibrate,
         "model": cli.base_model or "embedded tiny Llama",
         "lora_r": cli.lora_r,
         "num_authors": cli.num_authors,
@@ -260,22 +343,35 @@ def run_compare(cli: CompareArguments) -> dict:
     return result
 
 
+def _fmt(value: Any, spec: str = ".1f") -> str:
+    return "never" if value is None else format(value, spec)
+
+
 def compare_table(result: dict) -> str:
-    masc_time = result["methods"]["masc"]["time_to_target_seconds"] or result["methods"]["masc"]["seconds"]
+    masc = result["methods"]["masc"]
     lines = [
-        "| method | reached target | time to target (s) | grid cost (s) | steps | best lr | forget ROUGE-L | "
-        "forget prob | forget truth ratio | retain ROUGE-L | retain prob | time / MASC's |",
+        "| method | runs landing in the region | best lr (seeds landing) | time to region at best lr (s) | "
+        "single run at best lr (s) | grid cost (s) | forget ROUGE-L | membership AUC | forget quality | "
+        "retain ROUGE-L | "
+        "time / MASC's | MASC's run / grid |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in result["methods"].items():
-        time_to_target = row["time_to_target_seconds"]
-        ratio = "-" if time_to_target is None else f"{time_to_target / masc_time:.1f}x"
+        if name == "masc":
+            landed = f"{row['landed']}/{row['runs']} (stopped itself)"
+            ratio, cost = "1.0x", "-"
+        else:
+            landed = f"{row['landed_at_end']}/{row['runs']} at budget end, {row['landed']}/{row['runs']} at some epoch"
+            mine, masc_time = row["time_to_region_seconds"], masc["time_to_region_seconds"]
+            ratio = "-" if mine is None or masc_time is None else f"{mine / masc_time:.1f}x"
+            cost = f"1/{row['grid_seconds'] / masc['single_run_seconds']:.1f}"
+        shown = row["shown"]
         lines.append(
-            f"| {name} | {'yes' if row['reached_target'] else 'no'} | "
-            f"{'never' if time_to_target is None else f'{time_to_target:.1f}'} | {row['grid_seconds']:.1f} | "
-            f"{row['steps']} | {row['best_learning_rate']:g} | {row['forget']['rouge_l_recall']:.3f} | "
-            f"{row['forget']['probability']:.3f} | {row['forget']['truth_ratio']:.3f} | "
-            f"{row['retain']['rouge_l_recall']:.3f} | {row['retain']['probability']:.3f} | {ratio} |"
+            f"| {name} | {landed} | {row['best_learning_rate']:g} ({row['seeds_landed_at_best']}) | "
+            f"{_fmt(row['time_to_region_seconds'])} | {row['single_run_seconds']:.1f} | {row['grid_seconds']:.1f} | "
+            f"{shown['forget']['rouge_l_recall']:.3f} | {shown['forget']['membership_auc']:.3f} | "
+            f"{shown['forget']['forget_quality']:.3g} | "
+            f"{shown['retain']['rouge_l_recall']:.3f} | {ratio} | {cost} |"
         )
     return "\n".join(lines)
 
@@ -286,37 +382,42 @@ def plot_compare(result: dict, path: str) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    target = result["target"]
+    region = result["region"]
     fig, ax = plt.subplots(figsize=(7, 5))
+    reference, tolerance = region["membership_auc_reference"], region["membership_tolerance"]
     ax.fill_between(
-        [0, target["forget_rouge_l_recall_max"]],
-        target["retain_rouge_l_recall_min"],
+        [reference - tolerance, reference + tolerance],
+        region["retain_rouge_l_recall_min"],
         1.05,
         color="tab:green",
         alpha=0.15,
-        label="target region",
+        label="region (and forget ROUGE-L low enough)",
     )
-    names = sorted({p["method"] for p in result["points"]})
+    names = list(result["runs"])
     colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
-    markers = {lr: m for lr, m in zip(sorted({p["learning_rate"] for p in result["points"]}), "osD^v<>")}
-    for point in result["points"]:
-        ax.scatter(
-            point["forget"]["rouge_l_recall"],
-            point["retain"]["rouge_l_recall"],
-            color=colors[point["method"]],
-            marker=markers[point["learning_rate"]],
-            s=120 if point["method"] == "masc" else 50,
-            edgecolors="black" if point["method"] == "masc" else "none",
-        )
+    rates = sorted({run["learning_rate"] for runs in result["runs"].values() for run in runs})
+    markers = {lr: m for lr, m in zip(rates, "osD^v<>")}
+    for name, runs in result["runs"].items():
+        for run in runs:
+            ax.scatter(
+                run["forget"]["membership_auc"],
+                run["retain"]["rouge_l_recall"],
+                color=colors[name],
+                marker=markers[run["learning_rate"]],
+                s=110 if name == "masc" else 45,
+                edgecolors="black" if name == "masc" else "none",
+                alpha=0.8,
+            )
+    ax.axvline(region["before"]["forget"]["membership_auc"], color="grey", linestyle=":", label="target model")
     for name in names:
         ax.scatter([], [], color=colors[name], label=name)
     for lr, marker in markers.items():
         ax.scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=f"lr {lr:g}")
-    ax.set_xlabel("forget ROUGE-L recall (lower is better)")
+    ax.set_xlabel("membership AUC of the forget answers (never-trained model: the region's centre)")
     ax.set_ylabel("retain ROUGE-L recall (higher is better)")
-    ax.set_xlim(-0.02, 1.05)
+    ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.02, 1.05)
-    ax.set_title("Each method at the end of its budget (MASC: where it stopped itself)")
+    ax.set_title("Every run: MASC where it stopped, baselines at their first in-region or last epoch", fontsize=9)
     ax.legend(fontsize=7, loc="lower left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -333,4 +434,4 @@ def write_compare(result: dict, output_dir: str) -> None:
     plot_compare(result, os.path.join(output_dir, "compare.png"))
 
 
-__all__ = ["BASELINES", "CompareArguments", "compare_table", "run_compare"]
+__all__ = ["BASELINES", "CompareArguments", "compare_table", "in_region", "run_compare"]

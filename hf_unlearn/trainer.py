@@ -390,8 +390,8 @@ class UnlearnTrainer(Trainer):
         self._probe_metrics: dict[str, float] = {}
         self._items_are_global = False
 
-        # The 'train' probe and the retain probability from the training batches' own forwards, where that equals
-        # an eval-mode probe: no dropout, and teacher competitors only when the objective brings the teacher's logits.
+        # The 'train' probe from the forget batches' own forwards, where that equals an eval-mode probe: no dropout,
+        # and teacher competitors only when the objective brings the teacher's logits.
         self._running = (
             bool(args.running_probe)
             and args.probe_interval > 0

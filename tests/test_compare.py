@@ -1,24 +1,47 @@
-"""`hf-unlearn compare` on a small grid: the table and compare.json hold what later checks read."""
+"""`hf-unlearn compare` on a small grid: the region, the per-method summary, and what compare.json holds."""
 
 import json
 
 import pytest
 
 from hf_unlearn.cli import main
-from hf_unlearn.compare import _distance, _meets
+from hf_unlearn.compare import _summary, in_region
 
-TARGET = {"forget_rouge_l_recall_max": 0.5, "retain_rouge_l_recall_min": 0.9}
+REGION = {
+    "forget_rouge_l_recall_max": 0.6,
+    "membership_auc_reference": 0.55,
+    "membership_tolerance": 0.1,
+    "retain_rouge_l_recall_min": 0.9,
+}
 
 
-def row(forget, retain):
-    return {"forget": {"rouge_l_recall": forget}, "retain": {"rouge_l_recall": retain}}
+def row(rouge, auc, retain):
+    return {"forget": {"rouge_l_recall": rouge, "membership_auc": auc}, "retain": {"rouge_l_recall": retain}}
 
 
-def test_target_region_and_distance():
-    assert _meets(row(0.5, 0.9), TARGET) and not _meets(row(0.51, 0.99), TARGET)
-    assert _distance(row(0.4, 0.95), TARGET) == 0
-    assert _distance(row(1.0, 0.9), TARGET) == pytest.approx(1.0)
-    assert _distance(row(0.5, 0.45), TARGET) == pytest.approx(0.5)
+def test_region_is_defined_against_the_never_trained_model():
+    assert in_region(row(0.6, 0.46, 0.9), REGION) and in_region(row(0.1, 0.64, 0.95), REGION)
+    assert not in_region(row(0.61, 0.55, 0.99), REGION)  # reproduces more than a model that never saw it
+    assert not in_region(row(0.2, 0.92, 0.99), REGION)  # still recognisable as training data
+    assert not in_region(row(0.2, 0.30, 0.99), REGION)  # less likely than never-seen: recognisable the other way
+    assert not in_region(row(0.2, 0.55, 0.89), REGION)  # retain not kept
+
+
+def test_summary_picks_the_lr_where_most_seeds_land_then_the_faster():
+    def run(lr, seed, landed, time, seconds):
+        return {"learning_rate": lr, "seed": seed, "landed": landed, "time": time, "seconds": seconds,
+                "forget": {}, "retain": {}, "steps": 1}  # fmt: skip
+
+    runs = [
+        run(1e-4, 0, True, 9.0, 10.0), run(1e-4, 1, True, 7.0, 10.0),  # both seeds land, mean 8 s
+        run(1e-3, 0, True, 2.0, 5.0), run(1e-3, 1, False, None, 5.0),  # one seed lands, faster
+    ]  # fmt: skip
+    summary = _summary(runs, "landed", "time")
+    assert summary["best_learning_rate"] == 1e-4 and summary["seeds_landed_at_best"] == 2
+    assert summary["time_to_region_seconds"] == pytest.approx(8.0)
+    assert summary["landed"] == 3 and summary["runs"] == 4
+    assert summary["grid_seconds"] == pytest.approx(15.0)  # one seed's whole grid: 10 + 5
+    assert summary["single_run_seconds"] == pytest.approx(10.0)
 
 
 @pytest.mark.slow
@@ -32,6 +55,10 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
             "simnpo",
             "--learning_rates",
             "1e-3",
+            "--masc_learning_rates",
+            "3e-4",
+            "--seeds",
+            "0",
             "--epochs",
             "2",
             "--retain_eval_size",
@@ -41,20 +68,18 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
         ]
     )
     result = json.loads((out / "compare.json").read_text())
-    assert {"forget_rouge_l_recall_max", "retain_rouge_l_recall_min"} <= result["target"].keys()
+    region = result["region"]
+    assert region["never_trained"]["forget"]["forget_quality"] > 0.5
+    assert region["before"]["forget"]["membership_auc"] > 0.9 > region["membership_auc_reference"] + 0.1
     assert set(result["methods"]) == {"masc", "graddiff", "simnpo"}
     for method in result["methods"].values():
-        assert {"reached_target", "time_to_target_seconds", "grid_seconds", "best_learning_rate", "steps"} <= set(
-            method
-        )
-        for side in ("forget", "retain"):
-            assert {"rouge_l_recall", "probability"} <= method[side].keys()
-        if method["reached_target"]:
-            assert method["time_to_target_seconds"] <= method["grid_seconds"] + 1e-9
-        else:
-            assert method["time_to_target_seconds"] is None
-    assert len(result["methods"]["graddiff"]["learning_rates"][0]["epochs"]) == 2
-    assert result["methods"]["masc"]["stopped_early"]
+        assert {"landed", "runs", "best_learning_rate", "time_to_region_seconds", "grid_seconds"} <= set(method)
+        if method["time_to_region_seconds"] is not None:
+            assert method["time_to_region_seconds"] <= method["grid_seconds"] + 1e-9
+    assert len(result["runs"]["graddiff"][0]["epochs"]) == 2
+    masc_run = result["runs"]["masc"][0]
+    assert masc_run["stop_kind"] == "target" and masc_run["learning_rate"] == 3e-4
+    assert masc_run["landed"] == in_region(masc_run, region)
     assert "| masc |" in (out / "compare.md").read_text()
     assert (out / "compare.png").stat().st_size > 10_000
 
@@ -62,11 +87,10 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
 @pytest.mark.slow
 def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
     out = tmp_path / "cmp"
-    main(["compare", "--methods", "ga", "--learning_rates", "1e-3", "--epochs", "1", "--retain_eval_size", "10",
-          "--lora_r", "4", "--output_dir", str(out)])  # fmt: skip
+    main(["compare", "--methods", "ga", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
+          "--retain_eval_size", "10", "--lora_r", "4", "--output_dir", str(out)])  # fmt: skip
     result = json.loads((out / "compare.json").read_text())
     assert result["lora_r"] == 4 and set(result["methods"]) == {"masc", "ga"}
     # With LoRA on the tiny model, MASC still moves the forget set (the adapter is what trains).
-    assert (
-        result["methods"]["masc"]["forget"]["probability"] < 0.5 * result["target"]["before"]["forget"]["probability"]
-    )
+    masc = result["runs"]["masc"][0]
+    assert masc["forget"]["probability"] < 0.5 * result["region"]["before"]["forget"]["probability"]
