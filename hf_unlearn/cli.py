@@ -7,7 +7,10 @@ may hold them all (`hf-unlearn run config.yaml`). The jobs themselves live in :m
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +19,11 @@ from transformers import HfArgumentParser
 
 from .config import UnlearnConfig
 
+PROMPT_TEMPLATE_HELP = (
+    "The format the model was fine-tuned in: default the tokenizer's chat template if it has one, else "
+    "'Question: {question}\\nAnswer: {answer}'; 'chat', 'plain', or your own format string with {question} and "
+    "{answer}, e.g. '### Q: {question}\\n### A: {answer}'."
+)
 COMMANDS = ("demo", "run", "compare", "quant-check", "push", "eval")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
@@ -29,6 +37,8 @@ DEMO_DEFAULTS = {
     "num_train_epochs": 40,
     "report_to": "none",
     "save_strategy": "no",
+    # The demo is meant to be run again; its own folder holds nothing else.
+    "overwrite_output_dir": True,
 }
 
 
@@ -87,6 +97,10 @@ class RunArguments:
     )
     question_column: str = field(default="question", metadata={"help": "Column holding the prompt/question."})
     answer_column: str = field(default="answer", metadata={"help": "Column holding the answer to forget or keep."})
+    prompt_template: str | None = field(default=None, metadata={"help": PROMPT_TEMPLATE_HELP})
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id, when it is not saved with the model."}
+    )
     max_length: int | None = field(default=None, metadata={"help": "Reject examples longer than this many tokens."})
     trust_remote_code: bool = field(
         default=False, metadata={"help": "Allow custom model code from the Hub. Off unless you trust the source."}
@@ -104,13 +118,68 @@ class RunArguments:
     evaluate: bool = field(default=True, metadata={"help": "Measure forget/retain metrics before and after."})
 
 
+class _Parser(HfArgumentParser):
+    """HfArgumentParser whose errors are exceptions, so that ``main`` prints one readable message."""
+
+    def error(self, message: str):
+        raise ConfigurationError(message)
+
+
+class ConfigurationError(ValueError):
+    """A flag or YAML key that cannot be read: names the key and what it expected."""
+
+
+def yaml_to_argv(path: str) -> list[str]:
+    """A YAML config file as command-line flags, so that every value goes through the same type conversion and
+    checks as a flag (YAML reads ``1e-3`` as text; ``--learning_rate 1e-3`` is a float)."""
+    import yaml
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Config file {path!r} does not exist.")
+    with open(path) as f:
+        try:
+            values = yaml.safe_load(f)
+        except yaml.YAMLError as error:
+            raise ConfigurationError(f"{path} is not valid YAML: {error}") from error
+    if values is None:
+        return []
+    if not isinstance(values, dict):
+        raise ConfigurationError(f"{path} must map option names to values, e.g. 'learning_rate: 1e-4'.")
+    argv: list[str] = []
+    for key, value in values.items():
+        if value is None:
+            continue
+        argv.append(f"--{key}")
+        if isinstance(value, list):
+            argv += [json.dumps(v) if isinstance(v, dict) else str(v) for v in value]
+        elif isinstance(value, dict):
+            argv.append(json.dumps(value))
+        else:
+            argv.append(str(value))
+    return argv
+
+
 def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
-    parser = HfArgumentParser(dataclasses)
+    """Flags, or a YAML file (``hf-unlearn run config.yaml``, optionally followed by flags that override it)."""
+    parser = _Parser(dataclasses)
     if defaults:
         parser.set_defaults(**defaults)
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml")):
-        return parser.parse_yaml_file(os.path.abspath(argv[0]), allow_extra_keys=False)
-    return parser.parse_args_into_dataclasses(args=argv)
+    source = "command line"
+    if argv and argv[0].endswith((".yaml", ".yml")):
+        source = argv[0]
+        argv = yaml_to_argv(argv[0]) + argv[1:]
+    try:
+        return parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:
+        message = str(error)
+        if not isinstance(error, ConfigurationError):
+            if not message.startswith("Some specified arguments are not used"):
+                raise
+            unused = [word[2:] for word in ast.literal_eval(message.split(":", 1)[1].strip()) if word.startswith("--")]
+            message = f"unknown option(s): {', '.join(unused)}; `hf-unlearn COMMAND --help` lists them"
+        if source != "command line":
+            message = re.sub(r"argument --(\w+)(/--[\w-]+)?", r"key \1", message).replace("option(s)", "key(s)")
+        raise ConfigurationError(f"{source}: {message}") from None
 
 
 def demo_main(argv: list[str]) -> Any:
@@ -134,11 +203,36 @@ def run_main(argv: list[str]) -> Any:
 
 
 @dataclass
-class QuantCheckArguments:
+class ModelAndDataArguments:
+    """What `eval` and `quant-check` share: the model, and the user's own question/answer data."""
+
+    model: str = field(metadata={"help": "The model: a local folder (or Hub id) with its tokenizer."})
+    forget_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Your own forget set (JSON/JSONL/CSV/Parquet file, save_to_disk folder or Hub id) with "
+            "question/answer columns: used instead of a benchmark."
+        },
+    )
+    retain_data: str | None = field(default=None, metadata={"help": "Your own retain set (same forms)."})
+    question_column: str = field(default="question", metadata={"help": "Question column of your own data."})
+    answer_column: str = field(default="answer", metadata={"help": "Answer column of your own data."})
+    prompt_template: str | None = field(
+        default=None, metadata={"help": "Default: the one the run recorded, else as in `run`. " + PROMPT_TEMPLATE_HELP}
+    )
+
+
+@dataclass
+class QuantCheckArguments(ModelAndDataArguments):
     """Options of `hf-unlearn quant-check`."""
 
-    model: str = field(metadata={"help": "The unlearned model: a local folder (or Hub id) with its tokenizer."})
-    benchmark: str = field(default="embedded", metadata={"help": "'embedded', or a dataset path/Hub id."})
+    benchmark: str | None = field(
+        default=None,
+        metadata={
+            "help": "'embedded', or a dataset path/Hub id with --split/--retain_split subsets. Default: the "
+            "benchmark the model's run record names; without one, give --forget_data."
+        },
+    )
     split: str = field(default="forget10", metadata={"help": "Forget split (embedded) or subset (dataset)."})
     retain_split: str | None = field(default=None, metadata={"help": "Retain split/subset (default: the matching)."})
     modes: list[str] = field(default_factory=lambda: ["nf4", "fp4", "int8"], metadata={"help": "Quantizations."})
@@ -174,15 +268,22 @@ def push_main(argv: list[str]) -> str:
 
 
 @dataclass
-class EvalArguments:
+class EvalArguments(ModelAndDataArguments):
     """Options of `hf-unlearn eval`."""
 
-    model: str = field(metadata={"help": "Model to evaluate: a local folder or Hub id, with its tokenizer."})
-    benchmark: str = field(
-        default="embedded",
+    holdout_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Examples of the same kind the model never trained on: the membership attack (and PrivLeak "
+            "with a reference) compares the forget set with them."
+        },
+    )
+    benchmark: str | None = field(
+        default=None,
         metadata={
             "help": "embedded (the fictitious authors, TOFU and MUSE metrics), tofu (locuslab/TOFU), muse_news "
-            "(muse-bench/MUSE-News) or muse_books (muse-bench/MUSE-Books)."
+            "(muse-bench/MUSE-News) or muse_books (muse-bench/MUSE-Books). Default: the benchmark the model's run "
+            "record names; without one, give --forget_data or --benchmark."
         },
     )
     split: str = field(default="forget10", metadata={"help": "Forget split (embedded, tofu): forget01/05/10."})
@@ -227,14 +328,38 @@ def compare_main(argv: list[str]) -> dict:
     return run_compare(compare_args)
 
 
+#: Errors a user can fix from the message alone; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError, FileExistsError, PermissionError, RuntimeError, OSError)
+TRACEBACK_VARIABLE = "HF_UNLEARN_TRACEBACK"
+
+
+def quiet_third_party() -> None:
+    """No output a user cannot act on: bitsandbytes' note about an optional CPU kernel package, and the datasets
+    library's per-call progress bars (each stage has its own)."""
+    import logging as python_logging
+
+    python_logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(python_logging.ERROR)
+    python_logging.getLogger("bitsandbytes.cextension").setLevel(python_logging.ERROR)
+    from datasets.utils.logging import disable_progress_bar
+
+    disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``hf-unlearn COMMAND ...``. Exit status: 0 done, 1 an input or setting is wrong (one message, no traceback
+    unless --traceback or HF_UNLEARN_TRACEBACK=1), 2 bad command line, 3 the run failed its own checks."""
     argv = list(sys.argv[1:] if argv is None else argv)
     top = argparse.ArgumentParser(
         prog="hf-unlearn",
         description="Make a language model forget specific training data.",
-        epilog="Run `hf-unlearn COMMAND --help` for a command's options (every UnlearnConfig field is a flag).",
+        epilog="Run `hf-unlearn COMMAND --help` for a command's options (every UnlearnConfig field is a flag). "
+        f"Errors print one message; --traceback (or {TRACEBACK_VARIABLE}=1) shows where they came from.",
     )
+    top.add_argument("--traceback", action="store_true", help="Show the full traceback of an error.")
     top.add_argument("command", choices=COMMANDS)
+    show_traceback = os.environ.get(TRACEBACK_VARIABLE, "") not in ("", "0")
+    if argv and argv[0] == "--traceback":
+        show_traceback, argv = True, argv[1:]
     if not argv or argv[0] in ("-h", "--help"):
         top.print_help()
         return 0 if argv else 2
@@ -247,7 +372,15 @@ def main(argv: list[str] | None = None) -> int:
         "push": push_main,
         "eval": eval_main,
     }
-    result = commands[command](argv[1:])
+    quiet_third_party()
+    try:
+        result = commands[command](argv[1:])
+    except USER_ERRORS as error:
+        if show_traceback:
+            raise
+        print(f"hf-unlearn {command}: error: {error}", file=sys.stderr)
+        print(f"(--traceback or {TRACEBACK_VARIABLE}=1 shows where it came from)", file=sys.stderr)
+        return 1
     record = getattr(result, "record", None)
     if record is not None and not record.success:
         print(f"hf-unlearn {command}: the run failed ({record.stop_reason}).", file=sys.stderr)

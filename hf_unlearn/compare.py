@@ -247,7 +247,8 @@ def run_compare(cli: CompareArguments) -> dict:
         for seed in cli.seeds:
             progress.set_postfix_str(f"masc lr={lr:g} seed={seed}")
             args = UnlearnConfig(
-                output_dir=os.path.join(cli.output_dir, "runs", "masc"), method="masc", learning_rate=lr, seed=seed,
+                output_dir=os.path.join(cli.output_dir, "runs", "masc"),
+                overwrite_output_dir=True, method="masc", learning_rate=lr, seed=seed,
                 **common,
             )  # fmt: skip
             trainer = UnlearnTrainer(
@@ -283,6 +284,7 @@ def run_compare(cli: CompareArguments) -> dict:
                 progress.set_postfix_str(f"{method} lr={lr:g} seed={seed}")
                 args = UnlearnConfig(
                     output_dir=os.path.join(cli.output_dir, "runs", f"{method}-{lr:g}"),
+                    overwrite_output_dir=True,
                     method=method,
                     learning_rate=lr,
                     seed=seed,

@@ -206,6 +206,13 @@ class UnlearnConfig(TrainingArguments):
             "num_train_epochs is given: at most this many optimizer steps."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). "
+            "Without it, a folder holding a run is refused unless you resume it (resume_from_checkpoint)."
+        },
+    )
     probe_interval: int = field(
         default=5,
         metadata={"help": "Measure the violation rate every this many optimizer steps (0 disables probing)."},
@@ -311,6 +318,22 @@ class UnlearnConfig(TrainingArguments):
             # Checked before TrainingArguments sets up either backend, so the message names the real conflict.
             if self.gradient_surgery != "sum" and getattr(self, option):
                 raise sharded_surgery_error(self.gradient_surgery, option)
+        # Budgets are checked before TrainingArguments reads them: Trainer would take one step for max_steps=0 and
+        # save an untouched copy for zero epochs.
+        if self.max_steps == 0 or (self.max_steps < -1):
+            raise ValueError(
+                f"max_steps={self.max_steps} is not a budget: give a positive number of optimizer steps, or -1 (the "
+                "default) to budget by num_train_epochs."
+            )
+        if self.self_stop_max_steps < 1:
+            raise ValueError(
+                f"self_stop_max_steps must be a positive number of steps, got {self.self_stop_max_steps}."
+            )
+        if self.num_train_epochs is not None and not self.num_train_epochs > 0 and self.max_steps < 0:
+            raise ValueError(
+                f"num_train_epochs={self.num_train_epochs} would train nothing: give a positive number of epochs, or "
+                "max_steps."
+            )
         super().__post_init__()
         if self.method not in METHODS:
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")

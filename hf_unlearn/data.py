@@ -6,51 +6,39 @@ form transformers' ``Trainer`` and TRL's ``SFTTrainer`` (completion-only loss) a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 from datasets import Dataset
 from transformers.utils import logging
 
+from .loaders import load_records
+from .prompts import check_prompt_template, prompt_and_completion, uses_chat_template
+
 logger = logging.get_logger(__name__)
 
 IGNORE_INDEX = -100
-PLAIN_PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
 
 
-def prompt_and_completion(tokenizer: Any, question: str, answer: str) -> tuple[str, str]:
-    """Return the prompt text and the completion text for one QA pair.
-
-    With a chat template the question is the user turn and the answer the assistant turn (the completion is
-    whatever the template appends for the assistant, end-of-turn tokens included); without one, a plain
-    ``Question: ...\\nAnswer: ...`` format is used. The EOS token is appended by :func:`tokenize_qa`.
-    """
-    if getattr(tokenizer, "chat_template", None):
-        user = [{"role": "user", "content": question}]
-        prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": answer}], tokenize=False)
-        if full.startswith(prompt):
-            return prompt, full[len(prompt) :]
-        return prompt, answer
-    return PLAIN_PROMPT_TEMPLATE.format(question=question), " " + answer
-
-
-def tokenize_prompt(tokenizer: Any, question: str) -> list[int]:
+def tokenize_prompt(tokenizer: Any, question: str, prompt_template: str | None = None) -> list[int]:
     """Token ids of the prompt alone, as fed to ``generate`` at evaluation time."""
-    prompt, _ = prompt_and_completion(tokenizer, question, "")
-    return _encode(tokenizer, prompt, add_special_tokens=not getattr(tokenizer, "chat_template", None))
+    prompt, _ = prompt_and_completion(tokenizer, question, "", prompt_template)
+    return _encode(tokenizer, prompt, add_special_tokens=not uses_chat_template(tokenizer, prompt_template))
 
 
-def tokenize_qa(tokenizer: Any, question: str, answer: str, max_length: int | None = None) -> dict[str, list[int]]:
+def tokenize_qa(
+    tokenizer: Any, question: str, answer: str, max_length: int | None = None, prompt_template: str | None = None
+) -> dict[str, list[int]]:
     """Tokenize one QA pair; prompt tokens get label ``-100`` so only the answer is scored.
 
     Prompt and completion are encoded separately and concatenated, so the prompt/answer boundary never
-    depends on how a tokenizer merges across it.
+    depends on how a tokenizer merges across it. ``prompt_template``: see :mod:`hf_unlearn.prompts`.
     """
-    prompt, completion = prompt_and_completion(tokenizer, question, answer)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    prompt_ids = _encode(tokenizer, prompt, add_special_tokens=not has_template)
+    prompt, completion = prompt_and_completion(tokenizer, question, answer, prompt_template)
+    prompt_ids = _encode(tokenizer, prompt, add_special_tokens=not uses_chat_template(tokenizer, prompt_template))
     completion_ids = _encode(tokenizer, completion, add_special_tokens=False)
     eos = tokenizer.eos_token_id
     if eos is not None and (not completion_ids or completion_ids[-1] != eos):
@@ -81,35 +69,158 @@ def ensure_pad_token(tokenizer: Any) -> None:
         )
 
 
-def build_qa_dataset(
-    dataset: Dataset,
-    tokenizer: Any,
-    question_column: str = "question",
-    answer_column: str = "answer",
-    max_length: int | None = None,
-) -> Dataset:
-    """Tokenize a dataset with question and answer columns into ``input_ids``/``attention_mask``/``labels``.
+QARecords = Dataset | Sequence[Mapping[str, Any]] | str | os.PathLike
 
-    The original columns are kept, the question and answer ones renamed to ``question`` and ``answer`` (the
-    evaluation reads them back under those names), so pass the result straight to ``UnlearnTrainer``.
+
+def as_records_dataset(records: QARecords, name: str = "forget", text_columns: Sequence[str] = ()) -> Dataset:
+    """A :class:`datasets.Dataset` from a Dataset, a list of dicts, or a path / Hub id (see
+    :func:`hf_unlearn.loaders.load_records`). In a list, ``text_columns`` are checked row by row first (a column
+    mixing numbers and text could not become a Dataset)."""
+    if isinstance(records, Dataset):
+        return records
+    if isinstance(records, (str, os.PathLike)):
+        return load_records(os.fspath(records))
+    if isinstance(records, Mapping):
+        raise TypeError(
+            f"The {name} records are one mapping; pass a list of {{'question': ..., 'answer': ...}} dicts, a "
+            "datasets.Dataset or a path to a JSON/JSONL/CSV/Parquet file."
+        )
+    records = list(records)
+    bad = next((i for i, record in enumerate(records) if not isinstance(record, Mapping)), None)
+    if bad is not None:
+        raise TypeError(
+            f"The {name} records must be dicts with a question and an answer; row {bad} is a "
+            f"{type(records[bad]).__name__}: {records[bad]!r:.80}."
+        )
+    if not records:
+        return Dataset.from_dict({})
+    where = f"The {name} set"
+    records = [
+        {
+            **record,
+            **{c: _text_value(record[c], c, i, where) for c in text_columns if c in record},
+        }
+        for i, record in enumerate(records)
+    ]
+    return Dataset.from_list(records)
+
+
+def _text_value(value: Any, column: str, row: int, where: str) -> str:
+    """A question or answer as text; numbers become text (with a warning), anything else is an error."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        logger.warning(
+            f"{where}: column {column!r}, row {row} holds the number {value!r}; it is used as the text {str(value)!r}."
+        )
+        return str(value)
+    raise TypeError(
+        f"{where}: column {column!r}, row {row} holds {'nothing (null)' if value is None else type(value).__name__} "
+        f"{'' if value is None else repr(value)[:60]}; every {column!r} must be a text string."
+    )
+
+
+def check_qa_records(
+    dataset: Dataset, question_column: str, answer_column: str, name: str = "forget", source: str | None = None
+) -> list[int]:
+    """Refuse what cannot be unlearned or kept, warn about what is legal but suspicious; return the rows whose
+    answer is empty.
+
+    Errors (naming the set, its source, the column and the row): no examples, a missing column, a question or
+    answer that is null or not text, every answer empty. Warnings: some answers empty, duplicated examples.
     """
+    where = f"The {name} set" + (f" ({source})" if source else "")
+    if len(dataset) == 0:
+        raise ValueError(f"{where} is empty: there is nothing to {'forget' if name == 'forget' else 'keep'}.")
     for column in (question_column, answer_column):
         if column not in dataset.column_names:
             raise ValueError(
-                f"Column {column!r} not found; the dataset has {dataset.column_names}. "
+                f"{where} has no column {column!r}; it has {dataset.column_names}. "
                 "Pass question_column/answer_column to name the right ones."
             )
+    questions = [_text_value(v, question_column, i, where) for i, v in enumerate(dataset[question_column])]
+    answers = [_text_value(v, answer_column, i, where) for i, v in enumerate(dataset[answer_column])]
+    empty = [i for i, answer in enumerate(answers) if not answer.strip()]
+    if len(empty) == len(answers):
+        raise ValueError(
+            f"{where}: every {answer_column!r} is empty, so there is no answer to "
+            f"{'forget' if name == 'forget' else 'keep'}. Check answer_column."
+        )
+    if empty:
+        logger.warning(
+            f"{where}: {len(empty)} of {len(answers)} {answer_column!r} values are empty (rows {empty[:5]}); for "
+            "those only the end-of-sequence token after the prompt is trained on. Drop them unless that is intended."
+        )
+    seen: dict[tuple[str, str], int] = {}
+    duplicates = []
+    for i, pair in enumerate(zip(questions, answers, strict=True)):
+        if pair in seen:
+            duplicates.append((seen[pair], i))
+        else:
+            seen[pair] = i
+    if duplicates:
+        logger.warning(
+            f"{where}: {len(duplicates)} example(s) repeat an earlier one (row pairs {duplicates[:3]}); each copy is "
+            "trained on, so repeated examples weigh more."
+        )
+    return empty
+
+
+def rename_qa_columns(dataset: Dataset, question_column: str, answer_column: str) -> Dataset:
+    """The question and answer columns under the names the evaluation reads, ``question`` and ``answer``."""
     for column, canonical in ((question_column, "question"), (answer_column, "answer")):
         if column != canonical:
             if canonical in dataset.column_names:
                 dataset = dataset.remove_columns(canonical)
             dataset = dataset.rename_column(column, canonical)
-    question_column, answer_column = "question", "answer"
+    return dataset
+
+
+def build_qa_dataset(
+    records: QARecords,
+    tokenizer: Any,
+    question_column: str = "question",
+    answer_column: str = "answer",
+    max_length: int | None = None,
+    prompt_template: str | None = None,
+    name: str = "forget",
+) -> Dataset:
+    """Tokenize question/answer records into ``input_ids``/``attention_mask``/``labels`` (prompt labels ``-100``).
+
+    ``records``: a :class:`datasets.Dataset`, a list of dicts, or a path / Hub id of a JSON, JSONL, CSV or Parquet
+    file or dataset. ``prompt_template`` is the format the model was fine-tuned in (see :mod:`hf_unlearn.prompts`:
+    the tokenizer's chat template when it has one, else ``"Question: {question}\\nAnswer: {answer}"``).
+    ``name`` ("forget", "retain", ...) is used in error messages. Bad records are refused with the row and column
+    named (:func:`check_qa_records`). The original columns are kept, the question and answer ones renamed to
+    ``question`` and ``answer`` (the evaluation reads them back under those names), so pass the result straight to
+    ``UnlearnTrainer``.
+    """
+    source = os.fspath(records) if isinstance(records, (str, os.PathLike)) else None
+    check_prompt_template(prompt_template)
+    dataset = as_records_dataset(records, name, (question_column, answer_column))
+    check_qa_records(dataset, question_column, answer_column, name, source)
+    dataset = rename_qa_columns(dataset, question_column, answer_column)
 
     def encode(example: Mapping[str, Any]) -> dict[str, Any]:
-        return tokenize_qa(tokenizer, example[question_column], example[answer_column], max_length)
+        question, answer = example["question"], example["answer"]
+        return tokenize_qa(tokenizer, str(question), str(answer), max_length, prompt_template)
 
-    return dataset.map(encode, desc="Tokenizing question/answer pairs")
+    # A map this small is instant; its progress bar would only add a line per call.
+    with _progress_bars_off():
+        return dataset.map(encode, desc=f"Tokenizing the {name} set")
+
+
+@contextlib.contextmanager
+def _progress_bars_off() -> Iterator[None]:
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
+
+    was_enabled = is_progress_bar_enabled()
+    disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            enable_progress_bar()
 
 
 def pad_examples(examples: Sequence[Mapping[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:

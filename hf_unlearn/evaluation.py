@@ -11,7 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from datasets import Dataset
+
+from .loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from .metrics import evaluate_unlearning
+from .prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
 
 
 def evaluate_muse(
@@ -26,6 +30,7 @@ def evaluate_muse(
     generation_batch_size: int = 32,
     max_length: int = 2048,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> dict[str, Any]:
     """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC, with PrivLeak against
     ``retrained_auc`` (the same AUCs measured on a model retrained without the forget set), on whichever of
@@ -52,6 +57,7 @@ def evaluate_muse(
                 generation_batch_size,
                 icl_examples=list(icl) if icl is not None else None,
                 show_progress=show_progress,
+                prompt_template=prompt_template,
             )
     if sets.get("privleak_forget") is not None and sets.get("privleak_holdout") is not None:
         members, others = (
@@ -69,11 +75,38 @@ def evaluate_muse(
         )
         result["auc"] = {attack: membership_auc(members[attack], others[attack]) for attack in members}
         result["privleak"] = (
-            {attack: privleak(auc, retrained_auc[attack]) for attack, auc in result["auc"].items()}
+            {
+                attack: privleak(auc, retrained_auc[attack]) if attack in retrained_auc else None
+                for attack, auc in result["auc"].items()
+            }
             if retrained_auc
             else None
         )
     return result
+
+
+def qa_evaluation_sets(
+    tokenizer: Any,
+    forget: Any,
+    retain: Any | None = None,
+    holdout: Any | None = None,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """A user's own question/answer data seen as TOFU and MUSE see a benchmark: QA metrics on ``forget`` and
+    ``retain`` (truth ratios where the records carry ``paraphrased_answer``/``perturbed_answer``) and, with
+    ``holdout`` (examples of the same kind the model never trained on), the membership attack on the answers given
+    their questions, in ``prompt_template``'s format. Every set needs ``question`` and ``answer`` columns."""
+    sets: dict[str, Any] = {"forget": forget}
+    if retain is not None:
+        sets["retain"] = retain
+    if holdout is not None:
+        for name, data in (("privleak_forget", forget), ("privleak_holdout", holdout)):
+            pairs = [
+                prompt_and_completion(tokenizer, str(q), str(a), prompt_template)
+                for q, a in zip(data["question"], data["answer"], strict=True)
+            ]
+            sets[name] = Dataset.from_dict({"prompt": [p for p, _ in pairs], "text": [c for _, c in pairs]})
+    return sets
 
 
 def evaluate_benchmark(
@@ -86,35 +119,44 @@ def evaluate_benchmark(
     max_examples: int | None = None,
     show_progress: bool = False,
     reference_model: tuple[Any, Any] | None = None,
+    sets: Mapping[str, Any] | None = None,
+    prompt_template: str | None = None,
 ) -> dict[str, Any]:
-    """Everything ``hf-unlearn eval`` reports for one model on one benchmark.
+    """Everything ``hf-unlearn eval`` reports for one model on one benchmark, or on the user's own ``sets``.
 
     ``embedded`` and ``tofu`` get TOFU's metrics (:func:`~hf_unlearn.metrics.evaluate_unlearning`), ``embedded``,
-    ``muse_news`` and ``muse_books`` MUSE's (:func:`evaluate_muse`, under ``"muse"``). The model trained without
-    the forget set gives forget quality (its ``forget_truth_ratios``) and PrivLeak (its ``muse.auc``): pass its
-    evaluation as ``reference``, or the model itself as ``reference_model=(model, tokenizer)`` and it is evaluated
-    here first (its result is returned under ``"reference"``). Without either, those two are ``None``. ``path``
-    replaces the Hub id (a local copy of the dataset repository). ``max_examples`` keeps the first N of every set.
+    ``muse_news`` and ``muse_books`` MUSE's (:func:`evaluate_muse`, under ``"muse"``). ``sets`` (e.g. from
+    :func:`qa_evaluation_sets`) replaces the benchmark's: then ``benchmark`` is only the label written in the
+    result. The model trained without the forget set gives forget quality (its ``forget_truth_ratios``) and
+    PrivLeak (its ``muse.auc``): pass its evaluation as ``reference``, or the model itself as
+    ``reference_model=(model, tokenizer)`` and it is evaluated here first (its result is returned under
+    ``"reference"``). Without either, those two are ``None``. ``path`` replaces the Hub id (a local copy of the
+    dataset repository). ``max_examples`` keeps the first N of every set. ``prompt_template``: the format the
+    model learned its facts in (:mod:`hf_unlearn.prompts`).
     """
-    from .loaders import BENCHMARKS, benchmark_sets
-
-    if benchmark not in BENCHMARKS:
+    if sets is None and benchmark not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")
     if reference is not None and reference_model is not None:
         raise ValueError("Pass reference (an evaluation) or reference_model (a model to evaluate), not both.")
-    sets = benchmark_sets(benchmark, split, path)
+    if sets is None:
+        sets = benchmark_sets(benchmark, split, path)
     if max_examples is not None:
         sets = {name: data.select(range(min(max_examples, len(data)))) for name, data in sets.items()}
     result: dict[str, Any] = {"benchmark": benchmark, "split": split}
     if reference_model is not None:
-        reference = _evaluate_sets(*reference_model, sets, None, show_progress)
+        reference = _evaluate_sets(*reference_model, sets, None, show_progress, prompt_template)
         result["reference"] = {k: v for k, v in reference.items() if k in ("forget_truth_ratios", "muse")}
-    result.update(_evaluate_sets(model, tokenizer, sets, reference, show_progress))
+    result.update(_evaluate_sets(model, tokenizer, sets, reference, show_progress, prompt_template))
     return result
 
 
 def _evaluate_sets(
-    model: Any, tokenizer: Any, sets: Mapping[str, Any], reference: Mapping[str, Any] | None, show_progress: bool
+    model: Any,
+    tokenizer: Any,
+    sets: Mapping[str, Any],
+    reference: Mapping[str, Any] | None,
+    show_progress: bool,
+    prompt_template: str | None = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if "forget" in sets:
@@ -128,9 +170,60 @@ def _evaluate_sets(
                 retain_only_truth_ratios=(reference or {}).get("forget_truth_ratios"),
                 extra_retain_sets=extra or None,
                 show_progress=show_progress,
+                prompt_template=prompt_template,
             )
         )
     if any(name.startswith(("verbmem", "knowmem", "privleak")) for name in sets):
         retrained_auc = ((reference or {}).get("muse") or {}).get("auc")
-        result["muse"] = evaluate_muse(model, tokenizer, sets, retrained_auc, show_progress=show_progress)
+        result["muse"] = evaluate_muse(
+            model, tokenizer, sets, retrained_auc, show_progress=show_progress, prompt_template=prompt_template
+        )
     return result
+
+
+def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
+    """The embedded benchmark seen both ways: TOFU's sets (forget, retain) and MUSE's (VerbMem on each forget
+    answer's second half given the question and first half, KnowMem on forget and retain QA, and the membership
+    attack on the answers of forget vs holdout-author QA, given their questions)."""
+    from .benchmarks.fictitious_authors import load_split, retain_split_for
+
+    forget, retain, holdout = load_split(split), load_split(retain_split_for(split)), load_split("holdout")
+
+    def prompt(record: dict[str, Any]) -> str:
+        return PLAIN_PROMPT_TEMPLATE.format(question=record["question"])
+
+    def answer(record: dict[str, Any]) -> str:
+        return " " + record["answer"]
+
+    prompts, continuations = [], []
+    for record in forget:
+        words = record["answer"].split(" ")
+        half = max(1, len(words) // 2)
+        prompts.append(PLAIN_PROMPT_TEMPLATE.format(question=record["question"]) + " " + " ".join(words[:half]))
+        continuations.append(" ".join(words[half:]))
+    return {
+        "forget": forget,
+        "retain": retain,
+        "verbmem": Dataset.from_dict({"prompt": prompts, "continuation": continuations}),
+        "knowmem_forget": forget.select_columns(["question", "answer"]),
+        "knowmem_retain": retain.select_columns(["question", "answer"]),
+        # The question is a prompt the model never trained on (masked from the loss), so the membership attack
+        # scores the answer given the question, not the whole text.
+        "privleak_forget": Dataset.from_dict(
+            {"prompt": [prompt(r) for r in forget], "text": [answer(r) for r in forget]}
+        ),
+        "privleak_holdout": Dataset.from_dict(
+            {"prompt": [prompt(r) for r in holdout], "text": [answer(r) for r in holdout]}
+        ),
+    }
+
+
+def benchmark_sets(benchmark: str, split: str = "forget10", path: str | None = None) -> dict[str, Any]:
+    """The evaluation sets of ``benchmark`` (one of :data:`BENCHMARKS`); ``path`` replaces the Hub id."""
+    if benchmark == "embedded":
+        return embedded_evaluation_sets(split)
+    if benchmark == "tofu":
+        return tofu_evaluation_sets(split, **({"path": path} if path else {}))
+    if benchmark in MUSE_HUB_IDS:
+        return muse_evaluation_sets(benchmark, path)
+    raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")

@@ -15,31 +15,45 @@ from typing import Any
 
 from datasets import Dataset
 from tqdm.auto import tqdm
+from transformers.utils import logging
 
 from .config import UnlearnConfig
 from .data import build_qa_dataset, ensure_pad_token
-from .loaders import load_records, offline_hint
+from .loaders import TOKENIZER_FILES, load_records, looks_like_path, missing_path_error, offline_hint
+from .output_dir import prepare_output_dir, resolve_resume
+from .prompts import describe_prompt_format
 from .record import RECORD_FILE, UnlearnRecord
 from .report import evaluation_markdown, forget_quality_line, report_table, write_report
 from .trainer import UnlearnTrainer
 
+logger = logging.get_logger(__name__)
+
 
 def load_model_and_tokenizer(
-    name: str, trust_remote_code: bool = False, dtype: str = "auto", load_in_4bit: bool = False
+    name: str,
+    trust_remote_code: bool = False,
+    dtype: str = "auto",
+    load_in_4bit: bool = False,
+    tokenizer_name: str | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer by local path or Hub id (no remote code unless asked).
 
-    ``load_in_4bit`` loads the base in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
+    A name that looks like a local path must exist, and a local model folder must hold a model (``config.json`` or
+    a PEFT ``adapter_config.json``) and, unless ``tokenizer_name`` says where it is, a tokenizer: each is named in
+    the error. ``load_in_4bit`` loads the base in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _check_model_location(name, tokenizer_name)
+    if tokenizer_name is not None:
+        _check_model_location(tokenizer_name, None, need_model=False)
     extra: dict[str, Any] = {}
     if load_in_4bit:
         from .quantize import quantization_config
 
         extra["quantization_config"] = quantization_config("nf4")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name or name, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=trust_remote_code, dtype=dtype, **extra)
     except OSError as error:
         raise RuntimeError(offline_hint(f"Could not load model {name!r}", error)) from error
@@ -51,8 +65,35 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
+def _check_model_location(name: str, tokenizer_name: str | None, need_model: bool = True) -> None:
+    """Tell a missing local folder, a folder without a model and one without a tokenizer apart from a Hub id."""
+    path = os.path.expanduser(name)
+    if looks_like_path(name) and not os.path.exists(path):
+        raise missing_path_error(name, "The model folder" if need_model else "The tokenizer folder")
+    if not os.path.isdir(path):
+        return
+    files = set(os.listdir(path))
+    if need_model and not files & {"config.json", "adapter_config.json"}:
+        raise FileNotFoundError(
+            f"{name!r} is a folder but holds no model (no config.json or adapter_config.json). Save one there with "
+            "model.save_pretrained(folder), or point at the folder that holds it."
+        )
+    if tokenizer_name is None and not files & set(TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{name!r} holds {'a model but ' if need_model else ''}no tokenizer "
+            f"(none of {', '.join(TOKENIZER_FILES)}). "
+            f"Save it beside the weights with tokenizer.save_pretrained({name!r}), or name where it is "
+            "(--tokenizer_name_or_path)."
+        )
+
+
 def _evaluate(
-    model: Any, tokenizer: Any, eval_sets: dict[str, Any], retain_only_truth_ratios: Any, config: UnlearnConfig
+    model: Any,
+    tokenizer: Any,
+    eval_sets: dict[str, Any],
+    retain_only_truth_ratios: Any,
+    config: UnlearnConfig,
+    prompt_template: str | None = None,
 ) -> tuple[dict[str, dict], dict[str, Any]]:
     """Per-split metrics and the TOFU summary (forget quality, model utility, bound) from evaluate_unlearning, the
     bound with the run's own k and rho, as the record's."""
@@ -67,6 +108,7 @@ def _evaluate(
         k=config.masc_k,
         rho=config.masc_rho,
         show_progress=True,
+        prompt_template=prompt_template,
     )
     splits = {name: result[name] for name in eval_sets if name in result}
     keys = ("forget_quality", "model_utility", "exact_reproduction_bound", "forget_truth_ratios")
@@ -89,6 +131,7 @@ def unlearn_and_report(
     retain_only_truth_ratios: Any = None,
     dataset_names: dict[str, str] | None = None,
     calibration_records: Dataset | None = None,
+    prompt_template: str | None = None,
 ) -> UnlearnTrainer:
     """Measure, unlearn, measure again; put the measurements into the run record; write report.json /
     report.md / training_curves.png; return the trainer (its ``record`` holds everything).
@@ -97,25 +140,35 @@ def unlearn_and_report(
     ``paraphrased_answer``/``perturbed_answer``, the record also has TOFU's forget quality before and after.
     ``dataset_names`` (``{"forget": ..., "retain": ..., "calibration": ...}``) names the datasets in the record and
     the model card. ``calibration_records`` (never-trained examples of the same kind) give the stopping rule its
-    calibrated target (``stop_target='auto'``)."""
-    forget = build_qa_dataset(forget_records, tokenizer, question_column, answer_column, max_length)
-    retain = (
-        build_qa_dataset(retain_records, tokenizer, question_column, answer_column, max_length)
-        if retain_records is not None
-        else None
-    )
-    calibration = (
-        build_qa_dataset(calibration_records, tokenizer, question_column, answer_column, max_length)
-        if calibration_records is not None
-        else None
-    )
+    calibrated target (``stop_target='auto'``). ``prompt_template`` is the format the model learned its facts in
+    (:mod:`hf_unlearn.prompts`). ``config.resume_from_checkpoint`` (a checkpoint folder, or ``"true"`` for the last
+    one in ``output_dir``) resumes an interrupted run."""
+    resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
+
+    def tokenized(records: Any, name: str) -> Any:
+        if records is None:
+            return None
+        return build_qa_dataset(
+            records, tokenizer, question_column, answer_column, max_length, prompt_template, name=_named(name)
+        )
+
+    def _named(name: str) -> str:
+        described = (dataset_names or {}).get(name)
+        return f"{name} ({described})" if described else name
+
+    forget = tokenized(forget_records, "forget")
+    retain = tokenized(retain_records, "retain")
+    calibration = tokenized(calibration_records, "calibration")
     eval_sets = {name: data for name, data in {"forget": forget, "retain": retain}.items() if data is not None}
     summaries: dict[str, dict] = {}
     stages = tqdm(total=3 if evaluate else 1, desc="hf-unlearn", unit="stage", position=0)
     before: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring before")
-        before, summaries["before"] = _evaluate(model, tokenizer, eval_sets, retain_only_truth_ratios, config)
+        before, summaries["before"] = _evaluate(
+            model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
+        )
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = UnlearnTrainer(
@@ -127,16 +180,21 @@ def unlearn_and_report(
         peft_config=peft_config,
         calibration_dataset=calibration,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     stages.update()
     after: dict[str, dict] = {}
     if evaluate:
         stages.set_postfix_str("measuring after")
-        after, summaries["after"] = _evaluate(trainer.model, tokenizer, eval_sets, retain_only_truth_ratios, config)
+        after, summaries["after"] = _evaluate(
+            trainer.model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
+        )
         stages.update()
     stages.close()
     record = trainer.record
-    record.update(before=before, after=after, evaluation=summaries, extra=dict(record.extra, **(extra or {})))
+    prompt = {"prompt_template": prompt_template, "prompt_format": describe_prompt_format(tokenizer, prompt_template)}
+    record.update(
+        before=before, after=after, evaluation=summaries, extra=dict(record.extra, **prompt, **(extra or {}))
+    )
     for part, name in (dataset_names or {}).items():
         described = getattr(record, f"{part}_dataset")
         if described is not None and name:
@@ -145,7 +203,12 @@ def unlearn_and_report(
         from .quantize import check_quantization_robustness, quantization_table
 
         record.quantization = check_quantization_robustness(
-            trainer.model, tokenizer, eval_sets["forget"], eval_sets.get("retain"), full_precision=after or None
+            trainer.model,
+            tokenizer,
+            eval_sets["forget"],
+            eval_sets.get("retain"),
+            full_precision=after or None,
+            prompt_template=prompt_template,
         )
         print("\nQuantization check:\n" + quantization_table(record.quantization))
     if trainer.is_world_process_zero():
@@ -192,8 +255,7 @@ def embedded_reference(
     """What forget quality and PrivLeak compare with on the embedded benchmark: the evaluation (forget truth ratios,
     membership-attack AUCs) of its retain-only model, learned once and cached."""
     from .benchmarks.target_model import learn_retain_only_model
-    from .evaluation import evaluate_muse
-    from .loaders import embedded_evaluation_sets
+    from .evaluation import embedded_evaluation_sets, evaluate_muse
     from .metrics import truth_ratios
 
     model, tokenizer = learn_retain_only_model(split, cache_dir, architecture)
@@ -210,6 +272,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     from .benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
     from .metrics import truth_ratios
 
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir)
     start = time.perf_counter()
     model, tokenizer, learn_info = learn_target_model(
         cache_dir=demo_args.cache_dir, architecture=demo_args.architecture
@@ -252,9 +315,19 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
 
 
 def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
-    """`hf-unlearn run`: load model and data by name or path, unlearn, report, save the model."""
+    """`hf-unlearn run`: load model and data by name or path, unlearn, report, save the model.
+
+    The output folder and the checkpoint to resume from are checked first, then the data (every record), then the
+    model: a mistake in any of them is reported before anything is loaded for long or trained."""
+    resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
+    _check_model_location(run_args.model_name_or_path, run_args.tokenizer_name_or_path)
     model, tokenizer = load_model_and_tokenizer(
-        run_args.model_name_or_path, run_args.trust_remote_code, run_args.torch_dtype, run_args.load_in_4bit
+        run_args.model_name_or_path,
+        run_args.trust_remote_code,
+        run_args.torch_dtype,
+        run_args.load_in_4bit,
+        tokenizer_name=run_args.tokenizer_name_or_path,
     )
     peft_config = None
     if run_args.lora_r > 0:
@@ -296,6 +369,7 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         max_length=run_args.max_length,
         peft_config=peft_config,
         calibration_records=calibration,
+        prompt_template=run_args.prompt_template,
         extra={"model": run_args.model_name_or_path},
         dataset_names={
             "forget": " / ".join(filter(None, [run_args.dataset_name, run_args.forget_subset])),
@@ -320,16 +394,42 @@ def run_quant_check_job(cli: Any) -> dict:
     back; write quant_check.json, and add the result to the model's run record and card when it has one."""
     from .quantize import check_quantization_robustness, quantization_table
 
-    _, tokenizer = load_model_and_tokenizer(cli.model)
-    if cli.benchmark == "embedded":
-        from .benchmarks import load_split, retain_split_for
-
-        forget = load_split(cli.split)
-        retain = load_split(cli.retain_split or retain_split_for(cli.split))
+    record = _saved_record(cli.model)
+    prompt_template = cli.prompt_template
+    if prompt_template is None and record is not None:
+        prompt_template = record.extra.get("prompt_template")
+    if cli.forget_data:
+        if cli.benchmark:
+            raise ValueError("Pass your own data (--forget_data) or a --benchmark, not both.")
+        forget, retain = _user_records(cli.forget_data, "forget", cli), _user_records(cli.retain_data, "retain", cli)
     else:
-        forget = load_records(cli.benchmark, cli.split)
-        retain = load_records(cli.benchmark, cli.retain_split) if cli.retain_split else None
-    result = check_quantization_robustness(cli.model, tokenizer, forget, retain, modes=tuple(cli.modes))
+        benchmark = cli.benchmark
+        learned = _learned_embedded_benchmark(cli.model, record)
+        if benchmark is None and not learned:
+            raise ValueError(
+                f"hf-unlearn quant-check: say which forgotten data to check {cli.model!r} on: --forget_data FILE "
+                "(and --retain_data FILE), or --benchmark NAME. The embedded benchmark is only meaningful for a "
+                "model that learned it."
+            )
+        benchmark = benchmark or "embedded"
+        if benchmark == "embedded":
+            from .benchmarks import load_split, retain_split_for
+
+            if not learned:
+                logger.warning(
+                    f"{cli.model!r} has no record of learning the embedded benchmark: its numbers are for authors it "
+                    "has probably never seen."
+                )
+            split = (record.extra.get("split") if record is not None and cli.benchmark is None else None) or cli.split
+            forget = load_split(split)
+            retain = load_split(cli.retain_split or retain_split_for(split))
+        else:
+            forget = load_records(benchmark, cli.split)
+            retain = load_records(benchmark, cli.retain_split) if cli.retain_split else None
+    _, tokenizer = load_model_and_tokenizer(cli.model)
+    result = check_quantization_robustness(
+        cli.model, tokenizer, forget, retain, modes=tuple(cli.modes), prompt_template=prompt_template
+    )
     os.makedirs(cli.output_dir, exist_ok=True)
     with open(os.path.join(cli.output_dir, "quant_check.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -343,36 +443,126 @@ def run_quant_check_job(cli: Any) -> dict:
     return result
 
 
+def _saved_record(model: str) -> UnlearnRecord | None:
+    return UnlearnRecord.load(model) if os.path.isfile(os.path.join(model, RECORD_FILE)) else None
+
+
+def _learned_embedded_benchmark(model: str, record: UnlearnRecord | None) -> bool:
+    """Whether ``model`` is the embedded benchmark's target (its learn stage's info.json) or was unlearned from it
+    (its run record names the benchmark)."""
+    if record is not None and record.extra.get("benchmark") == "fictitious_authors":
+        return True
+    info = os.path.join(model, "info.json")
+    if os.path.isfile(info):
+        with open(info) as f:
+            return "questions_per_author" in (json.load(f).get("settings") or {})
+    return False
+
+
+def _user_records(path: str | None, name: str, cli: Any) -> Dataset | None:
+    from .data import check_qa_records, rename_qa_columns
+
+    if path is None:
+        return None
+    records = load_records(path)
+    check_qa_records(records, cli.question_column, cli.answer_column, name, source=path)
+    return rename_qa_columns(records, cli.question_column, cli.answer_column)
+
+
+def evaluation_target(cli: Any, record: UnlearnRecord | None) -> tuple[str | None, str, str | None, list[str]]:
+    """What ``hf-unlearn eval`` evaluates on: ``(benchmark or None, split, forget data path or None, warnings)``.
+
+    The user's own data when given (a file passed as ``--benchmark`` counts as ``--forget_data``); else the named
+    benchmark; else the benchmark the model's run record names. The embedded benchmark is never chosen for a model
+    that did not learn it, and evaluating one on it explicitly carries a warning."""
+    from .loaders import BENCHMARKS
+
+    benchmark, split, forget_data, warnings = cli.benchmark, cli.split, cli.forget_data, []
+    if benchmark and benchmark not in BENCHMARKS and os.path.exists(os.path.expanduser(benchmark)):
+        if forget_data:
+            raise ValueError(f"--benchmark {benchmark!r} is a file and --forget_data is given too; pass one of them.")
+        forget_data, benchmark = benchmark, None
+        warnings.append(f"--benchmark {forget_data!r} is a file: evaluated as your forget set (--forget_data).")
+    if forget_data:
+        if benchmark:
+            raise ValueError("Pass your own data (--forget_data) or a --benchmark, not both.")
+        return None, split, forget_data, warnings
+    if cli.retain_data or cli.holdout_data:
+        raise ValueError("--retain_data and --holdout_data go with --forget_data (your own forget set); pass it too.")
+    learned = _learned_embedded_benchmark(cli.model, record)
+    if benchmark is None:
+        if not learned:
+            raise ValueError(
+                f"hf-unlearn eval: say what to evaluate {cli.model!r} on: --forget_data FILE (your own "
+                "question/answer data; add --retain_data FILE and --holdout_data FILE for utility and the membership "
+                "attack), or --benchmark tofu / muse_news / muse_books. The embedded benchmark (fictitious "
+                "authors) is only meaningful for a model that learned it, like the demo's."
+            )
+        benchmark = "embedded"
+        split = (record.extra.get("split") if record is not None else None) or split
+    elif benchmark == "embedded" and not learned:
+        warnings.append(
+            f"{cli.model!r} has no record of learning the embedded fictitious-authors benchmark: the numbers below "
+            "are for authors it has probably never seen, so a low forget score says nothing about unlearning."
+        )
+    return benchmark, split, None, warnings
+
+
 def run_eval_job(cli: Any) -> dict:
-    """`hf-unlearn eval`: TOFU- and MUSE-style evaluation; eval.json, eval.md, a radar chart and truth-ratio
-    histograms. The model trained without the forget set comes from --reference_eval, --reference_model or, on
-    the embedded benchmark, its own retain-only model."""
-    from .evaluation import evaluate_benchmark
+    """`hf-unlearn eval`: TOFU- and MUSE-style evaluation of a model on the user's own data or a benchmark; eval.json,
+    eval.md, a radar chart and truth-ratio histograms. The model trained without the forget set comes from
+    --reference_eval, --reference_model or, on the embedded benchmark, its own retain-only model."""
+    from .evaluation import evaluate_benchmark, qa_evaluation_sets
     from .plots import plot_radar, plot_truth_ratio_histogram
 
+    if cli.reference_eval and cli.reference_model:
+        raise ValueError("Pass --reference_eval or --reference_model, not both.")
+    record = _saved_record(cli.model)
+    benchmark, split, forget_path, warnings = evaluation_target(cli, record)
+    user_data = {
+        name: _user_records(path, name, cli)
+        for name, path in (("forget", forget_path), ("retain", cli.retain_data), ("holdout", cli.holdout_data))
+    }
+    prompt_template = cli.prompt_template
+    if prompt_template is None and record is not None:
+        prompt_template = record.extra.get("prompt_template")
     model, tokenizer = load_model_and_tokenizer(cli.model, cli.trust_remote_code)
     reference = None
     reference_model = None
-    if cli.reference_eval and cli.reference_model:
-        raise ValueError("Pass --reference_eval or --reference_model, not both.")
     if cli.reference_eval:
         with open(cli.reference_eval) as f:
             reference = json.load(f)
     elif cli.reference_model:
         reference_model = load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
-    elif cli.benchmark == "embedded":
-        reference = embedded_reference(cli.split)
+    elif benchmark == "embedded":
+        reference = embedded_reference(split)
+    sets = None
+    if forget_path is not None:
+        sets = qa_evaluation_sets(tokenizer, *user_data.values(), prompt_template=prompt_template)
+        data = {
+            name: f"{path} ({len(user_data[name])} examples)"
+            for name, path in (("forget", forget_path), ("retain", cli.retain_data), ("holdout", cli.holdout_data))
+            if path
+        }
+    else:
+        data = {"benchmark": f"{benchmark} / {split}" if benchmark in ("embedded", "tofu") else benchmark}
+    for warning in warnings:
+        logger.warning(warning)
     result = evaluate_benchmark(
         model,
         tokenizer,
-        cli.benchmark,
-        cli.split,
+        benchmark or "your data",
+        split,
         cli.dataset_path,
         reference,
         cli.max_examples,
         show_progress=True,
         reference_model=reference_model,
+        sets=sets,
+        prompt_template=prompt_template,
     )
+    result["data"] = data
+    result["warnings"] = warnings
     result["model"] = cli.model
     os.makedirs(cli.output_dir, exist_ok=True)
     if reference_model is not None:

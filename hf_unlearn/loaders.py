@@ -16,7 +16,6 @@ with ``configs``, or data files per config) works the same as the Hub name: that
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
@@ -47,12 +46,45 @@ COLUMN_MAPPING: dict[str, dict[str, str]] = {
 DATA_FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
+def looks_like_path(name: str) -> bool:
+    """A name that can only mean a local file or folder: Hub ids are ``name`` or ``owner/name``, never absolute,
+    relative with ``./``/``../``/``~``, deeper than one slash, or ending in a data-file extension."""
+    return (
+        os.path.isabs(name)
+        or name.startswith(("./", "../", "~", ".\\", "..\\"))
+        or name in (".", "..")
+        or name.count("/") > 1
+        or "\\" in name
+        or os.path.splitext(name)[1].lower() in DATA_FILE_FORMATS
+    )
+
+
+def missing_path_error(name: str, what: str) -> FileNotFoundError:
+    """The error for a local path that does not exist (never sent to the Hub as an id)."""
+    return FileNotFoundError(
+        f"{what} {name!r} does not exist ({os.path.abspath(os.path.expanduser(name))}). It looks like a local path, "
+        "so it was not looked up on the Hub; check the path (a Hub id looks like 'owner/name')."
+    )
+
+
 def load_records(name: str, subset: str | None = None, split: str = "train") -> Dataset:
     """Load one split from a Hub id, a local copy of a Hub repository, a ``save_to_disk`` folder or a
-    JSON/CSV/Parquet file. With no network, the error says so and what to do."""
+    JSON/JSONL/CSV/Parquet file. A local path that does not exist, an empty file or an unreadable line is named in
+    the error; with no network, the error says so and what to do."""
+    if looks_like_path(name) and not os.path.exists(os.path.expanduser(name)):
+        raise missing_path_error(name, "The dataset file or folder")
+    name = os.path.expanduser(name)
     extension = os.path.splitext(name)[1].lower()
-    if os.path.isfile(name) and extension in DATA_FILE_FORMATS:
-        return load_dataset(DATA_FILE_FORMATS[extension], data_files=name, split="train")
+    if os.path.isfile(name):
+        if extension not in DATA_FILE_FORMATS:
+            raise ValueError(
+                f"{name!r} is a {extension or 'extension-less'} file; hf_unlearn reads {', '.join(DATA_FILE_FORMATS)} "
+                "files, folders saved with save_to_disk, and Hub datasets."
+            )
+        return _load_data_file(name, DATA_FILE_FORMATS[extension])
     if os.path.isdir(name) and (
         os.path.exists(os.path.join(name, "dataset_info.json"))
         or os.path.exists(os.path.join(name, "dataset_dict.json"))
@@ -62,9 +94,63 @@ def load_records(name: str, subset: str | None = None, split: str = "train") -> 
     try:
         return load_dataset(name, subset, split=split)
     except Exception as error:  # datasets raises several types for "not reachable"
+        local = "" if os.path.exists(name) else f" (no local file or folder {name!r} exists either)"
         raise RuntimeError(
-            offline_hint(f"Could not load dataset {name!r} (subset {subset!r}, split {split!r})", error)
+            offline_hint(f"Could not load dataset {name!r}{local} (subset {subset!r}, split {split!r})", error)
         ) from error
+
+
+def _load_data_file(path: str, file_format: str) -> Dataset:
+    """One data file through ``datasets``; on failure, the file and the line or row at fault."""
+    with open(path, "rb") as f:
+        empty = not f.read(1 << 16).strip()
+    if empty:
+        raise ValueError(f"{path!r} is empty: it holds no examples.")
+    try:
+        dataset = load_dataset(file_format, data_files=path, split="train")
+    except Exception as error:  # DatasetGenerationError, ArrowInvalid, StopIteration, ...
+        found = _json_problem(path) if file_format == "json" else None
+        raise ValueError(f"Could not read {path!r}: {found or f'{type(error).__name__}: {error}'}") from error
+    if len(dataset) == 0:
+        raise ValueError(f"{path!r} holds no examples.")
+    return dataset
+
+
+def _json_problem(path: str) -> str | None:
+    """Where a JSON or JSON Lines file goes wrong: the first line that is not JSON, or a column whose rows hold
+    different kinds of values (a number in one row, text in another)."""
+    import json
+
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = f.read()
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError as whole_error:
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                if number == 1 and text.lstrip().startswith("["):
+                    return f"line {whole_error.lineno}, column {whole_error.colno}: {whole_error.msg}"
+                return f"line {number} is not valid JSON ({error.msg}, column {error.colno}): {line.strip()[:80]!r}"
+    else:
+        records = whole if isinstance(whole, list) else whole.get("data", []) if isinstance(whole, dict) else []
+    if not records:
+        return "it holds no examples"
+    kinds: dict[str, dict[str, int]] = {}
+    for row, record in enumerate(records):
+        if not isinstance(record, dict):
+            return f"row {row} is a {type(record).__name__}, not an object with named columns"
+        for column, value in record.items():
+            kinds.setdefault(column, {}).setdefault(type(value).__name__, row)
+    for column, first_rows in kinds.items():
+        if len(first_rows) > 1:
+            described = ", ".join(f"{kind} (first in row {row})" for kind, row in first_rows.items())
+            return f"column {column!r} mixes kinds of values: {described}; every row must hold the same kind."
+    return None
 
 
 def offline_hint(message: str, error: Exception) -> str:
@@ -136,52 +222,3 @@ def muse_evaluation_sets(benchmark: str = "muse_news", path: str | None = None) 
         "privleak_forget": map_columns(load_records(path, "privleak", "forget"), "muse_text"),
         "privleak_holdout": map_columns(load_records(path, "privleak", "holdout"), "muse_text"),
     }
-
-
-def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
-    """The embedded benchmark seen both ways: TOFU's sets (forget, retain) and MUSE's (VerbMem on each forget
-    answer's second half given the question and first half, KnowMem on forget and retain QA, and the membership
-    attack on the answers of forget vs holdout-author QA, given their questions)."""
-    from .benchmarks.fictitious_authors import load_split, retain_split_for
-    from .data import PLAIN_PROMPT_TEMPLATE
-
-    forget, retain, holdout = load_split(split), load_split(retain_split_for(split)), load_split("holdout")
-
-    def prompt(record: dict[str, Any]) -> str:
-        return PLAIN_PROMPT_TEMPLATE.format(question=record["question"])
-
-    def answer(record: dict[str, Any]) -> str:
-        return " " + record["answer"]
-
-    prompts, continuations = [], []
-    for record in forget:
-        words = record["answer"].split(" ")
-        half = max(1, len(words) // 2)
-        prompts.append(PLAIN_PROMPT_TEMPLATE.format(question=record["question"]) + " " + " ".join(words[:half]))
-        continuations.append(" ".join(words[half:]))
-    return {
-        "forget": forget,
-        "retain": retain,
-        "verbmem": Dataset.from_dict({"prompt": prompts, "continuation": continuations}),
-        "knowmem_forget": forget.select_columns(["question", "answer"]),
-        "knowmem_retain": retain.select_columns(["question", "answer"]),
-        # The question is a prompt the model never trained on (masked from the loss), so the membership attack
-        # scores the answer given the question, not the whole text.
-        "privleak_forget": Dataset.from_dict(
-            {"prompt": [prompt(r) for r in forget], "text": [answer(r) for r in forget]}
-        ),
-        "privleak_holdout": Dataset.from_dict(
-            {"prompt": [prompt(r) for r in holdout], "text": [answer(r) for r in holdout]}
-        ),
-    }
-
-
-def benchmark_sets(benchmark: str, split: str = "forget10", path: str | None = None) -> dict[str, Any]:
-    """The evaluation sets of ``benchmark`` (one of :data:`BENCHMARKS`); ``path`` replaces the Hub id."""
-    if benchmark == "embedded":
-        return embedded_evaluation_sets(split)
-    if benchmark == "tofu":
-        return tofu_evaluation_sets(split, **({"path": path} if path else {}))
-    if benchmark in MUSE_HUB_IDS:
-        return muse_evaluation_sets(benchmark, path)
-    raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")

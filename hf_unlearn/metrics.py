@@ -96,6 +96,7 @@ def generate_answers(
     max_new_tokens: int = 32,
     batch_size: int = 32,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> list[str]:
     """Greedy answers to ``questions``, generated in left-padded batches.
 
@@ -103,7 +104,7 @@ def generate_answers(
     EOS; only the new tokens are decoded, without special tokens, and stripped. The model is put in eval mode
     for the call and its training mode restored afterwards.
     """
-    prompts = [tokenize_prompt(tokenizer, q) for q in questions]
+    prompts = [tokenize_prompt(tokenizer, q, prompt_template) for q in questions]
     return generate_continuations(model, tokenizer, prompts, max_new_tokens, batch_size, show_progress)
 
 
@@ -173,6 +174,7 @@ def answer_log_probs(
     answers: Sequence[str],
     batch_size: int = 32,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> list[tuple[float, int]]:
     """Per example ``(sum of the answer tokens' log-probabilities, number of answer tokens)``, teacher-forced.
 
@@ -185,7 +187,10 @@ def answer_log_probs(
     pad_id = _pad_token_id(tokenizer)
     device = _device(model)
     examples, order = _by_length(
-        [tokenize_qa(tokenizer, q, a) for q, a in zip(questions, answers, strict=True)],
+        [
+            tokenize_qa(tokenizer, q, a, prompt_template=prompt_template)
+            for q, a in zip(questions, answers, strict=True)
+        ],
         lambda example: len(example["input_ids"]),
     )
     results: list[tuple[float, int]] = []
@@ -232,11 +237,14 @@ def answer_probability(
     answers: Sequence[str],
     batch_size: int = 32,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> list[float]:
     """Per example ``exp(-mean token NLL)`` of the answer, i.e. ``P(a | q) ** (1 / |a|)`` (TOFU's "Prob")."""
     return [
         math.exp(total / count) if count else float("nan")
-        for total, count in answer_log_probs(model, tokenizer, questions, answers, batch_size, show_progress)
+        for total, count in answer_log_probs(
+            model, tokenizer, questions, answers, batch_size, show_progress, prompt_template
+        )
     ]
 
 
@@ -282,10 +290,18 @@ def exact_match(predictions: Sequence[str], references: Sequence[str]) -> list[f
     return [float(_normalize(p) == _normalize(r)) for p, r in zip(predictions, references, strict=True)]
 
 
-def default_max_new_tokens(tokenizer: Any, answers: Iterable[str], margin: int = 4) -> int:
+def default_max_new_tokens(
+    tokenizer: Any, answers: Iterable[str], margin: int = 4, prompt_template: str | None = None
+) -> int:
     """Tokens enough to generate the longest answer (EOS included) plus ``margin``."""
     longest = max(
-        (sum(label != IGNORE_INDEX for label in tokenize_qa(tokenizer, "", a)["labels"]) for a in answers),
+        (
+            sum(
+                label != IGNORE_INDEX
+                for label in tokenize_qa(tokenizer, "", a, prompt_template=prompt_template)["labels"]
+            )
+            for a in answers
+        ),
         default=0,
     )
     return longest + margin
@@ -307,6 +323,7 @@ def evaluate_qa(
     max_new_tokens: int | None = None,
     batch_size: int = 32,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> dict[str, float]:
     """Mean ROUGE-L recall, answer probability and exact match over the records with ``question`` and ``answer``.
 
@@ -321,9 +338,13 @@ def evaluate_qa(
         nan = float("nan")
         return {"rouge_l_recall": nan, "probability": nan, "exact_match": nan, "num_examples": 0}
     if max_new_tokens is None:
-        max_new_tokens = default_max_new_tokens(tokenizer, answers)
-    predictions = generate_answers(model, tokenizer, questions, max_new_tokens, batch_size, show_progress)
-    probabilities = answer_probability(model, tokenizer, questions, answers, batch_size, show_progress)
+        max_new_tokens = default_max_new_tokens(tokenizer, answers, prompt_template=prompt_template)
+    predictions = generate_answers(
+        model, tokenizer, questions, max_new_tokens, batch_size, show_progress, prompt_template
+    )
+    probabilities = answer_probability(
+        model, tokenizer, questions, answers, batch_size, show_progress, prompt_template
+    )
 
     def mean(values: Sequence[float]) -> float:
         return sum(values) / len(values)
@@ -337,7 +358,13 @@ def evaluate_qa(
 
 
 def _alternative_scores(
-    model: Any, tokenizer: Any, dataset_or_records: Any, base_key: str, batch_size: int, show_progress: bool
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    base_key: str,
+    batch_size: int,
+    show_progress: bool,
+    prompt_template: str | None = None,
 ) -> list[tuple[float, list[float]]]:
     """Per record with ``base_key`` and ``perturbed_answer``: the mean token log-probability of the base answer
     and of each perturbed answer, all scored in one batched pass."""
@@ -351,7 +378,7 @@ def _alternative_scores(
         for answer in [record[base_key], *record["perturbed_answer"]]:
             questions.append(str(record["question"]))
             answers.append(str(answer))
-    scored = iter(answer_log_probs(model, tokenizer, questions, answers, batch_size, show_progress))
+    scored = iter(answer_log_probs(model, tokenizer, questions, answers, batch_size, show_progress, prompt_template))
     result = []
     for record in records:
         base_total, base_count = next(scored)
@@ -361,23 +388,37 @@ def _alternative_scores(
 
 
 def truth_ratios(
-    model: Any, tokenizer: Any, dataset_or_records: Any, batch_size: int = 32, show_progress: bool = False
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> list[float]:
     """Per question TOFU truth ratio ``P~(perturbed) / P~(paraphrased)`` (Maini et al. 2024, §2.5).
 
     ``P~(a) = exp(-mean token NLL of a)``; the perturbed answers are averaged in log space. Records need
     ``question``, ``paraphrased_answer`` and ``perturbed_answer`` (a list of strings); others are skipped.
     """
-    scores = _alternative_scores(model, tokenizer, dataset_or_records, "paraphrased_answer", batch_size, show_progress)
+    scores = _alternative_scores(
+        model, tokenizer, dataset_or_records, "paraphrased_answer", batch_size, show_progress, prompt_template
+    )
     return [math.exp(sum(perturbed) / len(perturbed) - base) for base, perturbed in scores]
 
 
 def normalized_probabilities(
-    model: Any, tokenizer: Any, dataset_or_records: Any, batch_size: int = 32, show_progress: bool = False
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> list[float]:
     """Per question ``P~(answer) / (P~(answer) + sum P~(perturbed))``: TOFU's "Prob" on the real-authors and
     world-facts sets (Maini et al. 2024, §2.5), where the perturbed answers act as wrong options."""
-    scores = _alternative_scores(model, tokenizer, dataset_or_records, "answer", batch_size, show_progress)
+    scores = _alternative_scores(
+        model, tokenizer, dataset_or_records, "answer", batch_size, show_progress, prompt_template
+    )
     return [1.0 / (1.0 + sum(math.exp(p - base) for p in perturbed)) for base, perturbed in scores]
 
 
@@ -408,11 +449,20 @@ def model_utility(values: Sequence[float]) -> float:
 
 
 def reproduction_bound(
-    model: Any, tokenizer: Any, records: Any, k: int = 10, rho: float = 0.5, batch_size: int = 32
+    model: Any,
+    tokenizer: Any,
+    records: Any,
+    k: int = 10,
+    rho: float = 0.5,
+    batch_size: int = 32,
+    prompt_template: str | None = None,
 ) -> dict[str, float]:
     """MASC Proposition 1 at beta = 1 on ``records``: mean and max of ``rho^((1 - v_i) L_i)``, and the violation
     rate, with self-competitors (k) and threshold tau = log(rho / (1 - rho))."""
-    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in qa_records(records)]
+    examples = [
+        tokenize_qa(tokenizer, r["question"], r["answer"], prompt_template=prompt_template)
+        for r in qa_records(records)
+    ]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     measured = measure_violations(model, examples, pad_id, k, threshold_from_probability(rho), batch_size=batch_size)
     bounds = exact_reproduction_bound(measured["fractions"], measured["lengths"], rho)
@@ -434,6 +484,7 @@ def evaluate_unlearning(
     rho: float = 0.5,
     batch_size: int = 32,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> dict[str, Any]:
     """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
     are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1).
@@ -441,24 +492,24 @@ def evaluate_unlearning(
     ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
     ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
     (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
+    ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.prompts`).
     """
-    result: dict[str, Any] = {
-        "forget": evaluate_qa(model, tokenizer, forget, batch_size=batch_size, show_progress=show_progress)
-    }
-    forget_ratios = truth_ratios(model, tokenizer, forget, batch_size=batch_size, show_progress=show_progress)
+    shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
+    result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, **shared)}
+    forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
     result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
     result["forget_truth_ratios"] = forget_ratios
     utility_values: list[float] = []
     for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
         if records is None:
             continue
-        metrics = evaluate_qa(model, tokenizer, records, batch_size=batch_size, show_progress=show_progress)
+        metrics = evaluate_qa(model, tokenizer, records, **shared)
         if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
-            options = normalized_probabilities(model, tokenizer, records, batch_size, show_progress)
+            options = normalized_probabilities(model, tokenizer, records, **shared)
             if options:
                 metrics["answer_probability"] = metrics["probability"]
                 metrics["probability"] = sum(options) / len(options)
-        ratios = truth_ratios(model, tokenizer, records, batch_size=batch_size, show_progress=show_progress)
+        ratios = truth_ratios(model, tokenizer, records, **shared)
         metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else None
         result[name] = metrics
         utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
@@ -470,7 +521,9 @@ def evaluate_unlearning(
         if retain_only_truth_ratios is not None and forget_ratios
         else None
     )
-    bound = reproduction_bound(model, tokenizer, forget, k=k, rho=rho, batch_size=batch_size)
+    bound = reproduction_bound(
+        model, tokenizer, forget, k=k, rho=rho, batch_size=batch_size, prompt_template=prompt_template
+    )
     result["exact_reproduction_bound"] = bound["mean"]
     result["exact_reproduction_bound_max"] = bound["max"]
     return result

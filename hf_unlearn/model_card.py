@@ -103,6 +103,9 @@ def _record_rows(record: UnlearnRecord) -> str:
     else:
         surgery_paper = next((f" ([paper]({url}))" for title, url in papers.items() if "Asymmetric" in title), "")
         rows.append(("Gradient surgery", f"`{record.gradient_surgery}`{surgery_paper}"))
+    if record.extra.get("prompt_format"):
+        # The format the facts were unlearned in: evaluating in another format measures something else.
+        rows.append(("Prompt format", "`" + record.extra["prompt_format"].replace("|", "\\|") + "`"))
     rows.append(("Steps", f"{record.global_step} of at most {record.max_steps}"))
     if record.stop_reason:
         rows.append(("Why training stopped", record.stop_reason))

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from scipy.stats import mannwhitneyu
 
-from .data import PLAIN_PROMPT_TEMPLATE, tokenize_prompt
+from .data import tokenize_prompt
 from .metrics import _batches, _device, _pad_token_id, _progress, generate_continuations, rouge_l_f1
+from .prompts import PLAIN_PROMPT_TEMPLATE
 
 __all__ = [
     "knowmem",
@@ -201,6 +202,7 @@ def knowmem(
     batch_size: int = 32,
     icl_examples: Sequence[Mapping[str, str]] | None = None,
     show_progress: bool = False,
+    prompt_template: str | None = None,
 ) -> float:
     """KnowMem (MUSE §3.1): mean ROUGE-L F1 of the greedy answer against the true one.
 
@@ -220,7 +222,7 @@ def knowmem(
             list(tokenizer(shots + PLAIN_PROMPT_TEMPLATE.format(question=q))["input_ids"]) for q in questions
         ]
     else:
-        prompt_ids = [tokenize_prompt(tokenizer, q) for q in questions]
+        prompt_ids = [tokenize_prompt(tokenizer, q, prompt_template) for q in questions]
     return _mean_rouge_l_f1_of_generations(
         model,
         tokenizer,

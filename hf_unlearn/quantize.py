@@ -75,8 +75,10 @@ def check_quantization_robustness(
     retain_records: Any | None = None,
     modes: tuple[str, ...] = QUANTIZATION_MODES,
     full_precision: dict | None = None,
+    prompt_template: str | None = None,
 ) -> dict:
-    """Measure forget/retain metrics in full precision and after each quantization ``mode``.
+    """Measure forget/retain metrics in full precision and after each quantization ``mode``, with the questions in
+    ``prompt_template`` (the format of fine-tuning, :mod:`hf_unlearn.prompts`).
 
     Returns ``{"full_precision": {...}, "nf4": {"forget": ..., "retain": ..., "change": ..., "knowledge_returned":
     bool, "quantized_layers": int}, ...}``; ``change`` is quantized minus full precision for every metric.
@@ -91,7 +93,7 @@ def check_quantization_robustness(
             reference_model = model_or_path
             path = save_for_quantization(model_or_path, os.path.join(scratch, "model"))
         if full_precision is None:
-            full_precision = _measure(reference_model, tokenizer, forget_records, retain_records)
+            full_precision = _measure(reference_model, tokenizer, forget_records, retain_records, prompt_template)
         result: dict[str, Any] = {"full_precision": full_precision}
         for mode in modes:
             # bitsandbytes warns once per 8-bit matmul that it casts fp32 inputs to fp16; that is expected here.
@@ -100,7 +102,7 @@ def check_quantization_robustness(
                 path, quantization_config=quantization_config(mode), device_map="cpu"
             )
             layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
-            measured = _measure(quantized, tokenizer, forget_records, retain_records)
+            measured = _measure(quantized, tokenizer, forget_records, retain_records, prompt_template)
             change = {
                 side: {
                     k: measured[side][k] - full_precision[side][k]
@@ -114,10 +116,12 @@ def check_quantization_robustness(
     return result
 
 
-def _measure(model: Any, tokenizer: Any, forget_records: Any, retain_records: Any | None) -> dict:
-    measured = {"forget": evaluate_qa(model, tokenizer, forget_records)}
+def _measure(
+    model: Any, tokenizer: Any, forget_records: Any, retain_records: Any | None, prompt_template: str | None
+) -> dict:
+    measured = {"forget": evaluate_qa(model, tokenizer, forget_records, prompt_template=prompt_template)}
     if retain_records is not None:
-        measured["retain"] = evaluate_qa(model, tokenizer, retain_records)
+        measured["retain"] = evaluate_qa(model, tokenizer, retain_records, prompt_template=prompt_template)
     return measured
 
 

@@ -214,6 +214,12 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
     """A short Markdown summary of :func:`evaluate_benchmark`'s (or :func:`evaluate_unlearning`'s) result."""
 
     lines = [f"# Evaluation of {result.get('model', 'the model')}", ""]
+    data = result.get("data")
+    if data:
+        lines += ["Evaluated on: " + "; ".join(f"{name}: {what}" for name, what in data.items()), ""]
+    lines += [f"> Warning: {warning}" for warning in result.get("warnings") or []]
+    if result.get("warnings"):
+        lines.append("")
     if "forget" in result:
         lines += ["| set | ROUGE-L recall | probability | exact match | truth ratio |", "|---|---|---|---|---|"]
         for name, metrics in result.items():

@@ -41,6 +41,7 @@ from .margin import (
     violation_fractions,
 )
 from .objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
+from .output_dir import check_writable, prepare_output_dir
 from .record import UnlearnRecord
 from .surgery import SURGERY_PAPER, combine_gradients_
 
@@ -138,6 +139,24 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
     for module in reference.modules():
         module.__dict__.pop("forward", None)
     return reference
+
+
+def _check_overlap(forget: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]], name: str) -> None:
+    """A forget example that is also in the retain (or calibration) set is trained both ways; all of them is a
+    mistake, some of them worth a warning."""
+    other_examples = {tuple(other[i]["input_ids"]) for i in range(len(other))}
+    shared = [i for i in range(len(forget)) if tuple(forget[i]["input_ids"]) in other_examples]
+    if shared and len(shared) == len(forget):
+        raise ValueError(
+            f"Every forget example is also in the {name} set, so the run would forget and "
+            f"{'keep' if name == 'retain' else 'calibrate on'} the same text. Pass the {name} data you meant."
+        )
+    if shared:
+        logger.warning(
+            f"{len(shared)} of {len(forget)} forget examples are also in the {name} set (forget indices "
+            f"{shared[:5]}); they are pushed away and {'kept' if name == 'retain' else 'used as never-seen data'} "
+            f"at once. Remove them from the {name} set unless that is intended."
+        )
 
 
 def _check_context_length(model: nn.Module, dataset: Sequence[Mapping[str, Any]], name: str) -> None:
@@ -245,6 +264,7 @@ class UnlearnTrainer(Trainer):
             args = UnlearnConfig(output_dir="unlearn-output")
         if not isinstance(args, UnlearnConfig):
             raise TypeError(f"args must be an UnlearnConfig, got {type(args).__name__}.")
+        check_writable(args.output_dir)  # Trainer makes the folder now; say why it cannot, naming it
         if isinstance(model, str):
             raise TypeError("Pass a loaded model; load it with AutoModelForCausalLM.from_pretrained(...) first.")
         if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
@@ -269,7 +289,9 @@ class UnlearnTrainer(Trainer):
         _check_context_length(model, train_dataset, "forget")
         if retain_dataset is not None:
             _check_context_length(model, retain_dataset, "retain")
+            _check_overlap(train_dataset, retain_dataset, "retain")
         if calibration_dataset is not None:
+            _check_overlap(train_dataset, calibration_dataset, "calibration")
             _check_examples(calibration_dataset, "calibration")
             _check_context_length(model, calibration_dataset, "calibration")
         if args.stop_target == "auto":
@@ -1049,9 +1071,15 @@ class UnlearnTrainer(Trainer):
             f"{restored}"
         )
 
-    def train(self, *args: Any, **kwargs: Any):
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """Trainer's ``train``, after checking the output folder (an earlier run there is refused unless
+        ``overwrite_output_dir`` or a resume; it must be writable) so that nothing is trained that cannot be saved."""
+        if self.is_world_process_zero():
+            prepare_output_dir(
+                self.args.output_dir, self.args.overwrite_output_dir, resuming=bool(resume_from_checkpoint)
+            )
         start = time.perf_counter()
-        output = super().train(*args, **kwargs)
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
         stopping = self.stopping_callback
         if self.args.keep_best_state and stopping.stop_kind is None and "best" in self._snapshots:
             self._restore("best")

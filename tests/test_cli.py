@@ -71,7 +71,7 @@ def test_run_from_local_files(tmp_path, local_model_and_data):
     assert (out / "model.safetensors").exists() and (out / "report.md").exists()
 
 
-def test_run_from_yaml_and_unknown_keys_are_named(tmp_path, local_model_and_data):
+def test_run_from_yaml_and_unknown_keys_are_named(tmp_path, local_model_and_data, capsys):
     root = local_model_and_data
     config = {
         "model_name_or_path": str(root / "model"),
@@ -90,9 +90,9 @@ def test_run_from_yaml_and_unknown_keys_are_named(tmp_path, local_model_and_data
     main(["run", str(path)])
     report = json.loads((tmp_path / "yaml-out" / "report.json").read_text())
     assert report["method"] == "npo_klr" and report["global_step"] == 2 and not report["stopped_early"]
-    path.write_text(yaml.safe_dump(dict(config, forget_rate=0.1)))
-    with pytest.raises(ValueError, match="forget_rate"):
-        main(["run", str(path)])
+    path.write_text(yaml.safe_dump(dict(config, forget_rate=0.1, overwrite_output_dir=True)))
+    assert main(["run", str(path)]) == 1
+    assert "config.yaml: unknown key(s): forget_rate" in capsys.readouterr().err
 
 
 def test_saved_dataset_folder_and_hub_schema(tmp_path):
@@ -101,12 +101,20 @@ def test_saved_dataset_folder_and_hub_schema(tmp_path):
     assert load_records(str(tmp_path / "saved"))[0]["answer"] == "Nobody."
 
 
-def test_offline_hub_id_fails_with_a_clear_message(monkeypatch):
+def test_offline_hub_id_fails_with_a_clear_message(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(RuntimeError, match="(?s)Could not load dataset 'someone/not-here'.*HF_HUB_OFFLINE=1"):
         load_records("someone/not-here", "forget10")
+    out = tmp_path / "o"
+    assert (
+        main(["run", "--model_name_or_path", "someone/not-here", "--dataset_name", "x", "--output_dir", str(out)]) == 1
+    )
+    error = capsys.readouterr().err
+    assert "Could not load model 'someone/not-here'" in error and "HF_HUB_OFFLINE=1" in error
+    assert "Traceback" not in error and not out.exists()
+    monkeypatch.setenv("HF_UNLEARN_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="(?s)Could not load model 'someone/not-here'.*HF_HUB_OFFLINE=1"):
-        main(["run", "--model_name_or_path", "someone/not-here", "--dataset_name", "x", "--output_dir", "o"])
+        main(["run", "--model_name_or_path", "someone/not-here", "--dataset_name", "x", "--output_dir", str(out)])
 
 
 def test_tokenize_qa_masks_the_prompt():

@@ -185,25 +185,39 @@ def test_quantization_check_merges_lora_first(saved_tiny_model):
     assert any(isinstance(p, torch.Tensor) for p in peft_model.parameters())  # the caller's model is untouched
 
 
-def test_quant_check_command(tmp_path, saved_tiny_model):
+def test_quant_check_command(tmp_path, saved_tiny_model, capsys):
     root, _, _ = saved_tiny_model
-    main(["quant-check", "--model", str(root), "--split", "forget01", "--modes", "nf4", "--output_dir", str(tmp_path)])
+    args = [
+        "quant-check",
+        "--model",
+        str(root),
+        "--split",
+        "forget01",
+        "--modes",
+        "nf4",
+        "--output_dir",
+        str(tmp_path),
+    ]
+    # A model with no record of learning the embedded benchmark is not checked on it unless asked.
+    assert main(args) == 1 and "--forget_data" in capsys.readouterr().err
+    assert main(args + ["--benchmark", "embedded"]) == 0
     result = json.loads((tmp_path / "quant_check.json").read_text())
     assert result["nf4"]["quantized_layers"] == 14
 
 
-def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch):
+def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch, capsys):
     trainer = trainer_for(tmp_path)
     trainer.train()
     trainer.save_model()
     before = folder_digest(tmp_path / "out")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    push = ["push", "--model_dir", str(tmp_path / "out"), "--repo_id", "someone/unlearned", "--merge_adapter", "true"]
+    assert main(push) == 1 and "offline mode is on" in capsys.readouterr().err
+    assert main(["push", "--model_dir", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"]) == 1
+    assert "is not a folder" in capsys.readouterr().err
+    monkeypatch.setenv("HF_UNLEARN_TRACEBACK", "1")
     with pytest.raises(ConnectionError, match="offline mode is on"):
-        main(
-            ["push", "--model_dir", str(tmp_path / "out"), "--repo_id", "someone/unlearned", "--merge_adapter", "true"]
-        )
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
-        main(["push", "--model_dir", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"])
+        main(push)
     assert folder_digest(tmp_path / "out") == before
 
 
