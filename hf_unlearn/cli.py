@@ -24,7 +24,7 @@ PROMPT_TEMPLATE_HELP = (
     "'Question: {question}\\nAnswer: {answer}'; 'chat', 'plain', or your own format string with {question} and "
     "{answer}, e.g. '### Q: {question}\\n### A: {answer}'."
 )
-COMMANDS = ("demo", "run", "compare", "quant-check", "push", "eval")
+COMMANDS = ("demo", "run", "compare", "quant-check", "relearn-check", "push", "eval")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs). With the calibrated target
@@ -248,6 +248,49 @@ def quant_check_main(argv: list[str]) -> dict:
 
 
 @dataclass
+class RelearnCheckArguments(ModelAndDataArguments):
+    """Options of `hf-unlearn relearn-check`."""
+
+    relearn_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text to relearn on (question/answer file); default: a part of the forget set (relearn_fraction), "
+            "the rest being measured."
+        },
+    )
+    reference_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "A model trained without the forget set: relearned the same way, it shows what the relearning "
+            "data teaches on its own (embedded benchmark: its retain-only model)."
+        },
+    )
+    target_model: str | None = field(
+        default=None, metadata={"help": "The model before unlearning, for scale (embedded benchmark: its target)."}
+    )
+    steps: int = field(default=20, metadata={"help": "Fine-tuning steps of the attack."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the attack."})
+    relearn_fraction: float = field(default=0.5, metadata={"help": "Share of the forget set relearned on."})
+    batch_size: int = field(default=4, metadata={"help": "Examples per attack step."})
+    measure_every: int = field(default=5, metadata={"help": "Measure the rest of the forget set every N steps."})
+    seed: int = field(default=0, metadata={"help": "Seed of the split and the batch order."})
+    benchmark: str | None = field(
+        default=None, metadata={"help": "As in quant-check: 'embedded' or a dataset path/Hub id."}
+    )
+    split: str = field(default="forget10", metadata={"help": "Forget split (embedded) or subset (dataset)."})
+    retain_split: str | None = field(default=None, metadata={"help": "Unused by the attack; accepted for symmetry."})
+    output_dir: str = field(default=".", metadata={"help": "Where relearn_check.json goes."})
+
+
+def relearn_check_main(argv: list[str]) -> dict:
+    """Fine-tune a copy of an unlearned model on part of its forget set and measure whether the rest comes back."""
+    from .jobs import run_relearn_check_job
+
+    (cli,) = _parse((RelearnCheckArguments,), argv)
+    return run_relearn_check_job(cli)
+
+
+@dataclass
 class PushArguments:
     """Options of `hf-unlearn push`."""
 
@@ -369,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": run_main,
         "compare": compare_main,
         "quant-check": quant_check_main,
+        "relearn-check": relearn_check_main,
         "push": push_main,
         "eval": eval_main,
     }

@@ -36,8 +36,8 @@ from transformers import TrainerCallback
 
 from .config import UnlearnConfig
 from .data import build_qa_dataset, prompt_and_completion
+from .membership import membership_auc, membership_scores
 from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, truth_ratios
-from .muse import membership_auc, membership_scores
 from .trainer import UnlearnTrainer
 
 BASELINES = ["ga", "graddiff", "npo", "npo_klr", "simnpo", "rmu", "idk_dpo", "undial"]
@@ -190,11 +190,11 @@ def run_compare(cli: CompareArguments) -> dict:
     def membership(model, tokenizer=tokenizer) -> float:
         members = membership_scores(
             model, tokenizer, [answer_text(tokenizer, r["question"], r["answer"]) for r in forget_records],
-            prompts=member_prompts,
+            prompts=member_prompts, attacks=("min_k",),
         )["min_k"]  # fmt: skip
         others = membership_scores(
             model, tokenizer, [answer_text(tokenizer, r["question"], r["answer"]) for r in holdout_records],
-            prompts=other_prompts,
+            prompts=other_prompts, attacks=("min_k",),
         )["min_k"]  # fmt: skip
         return membership_auc(members, others)
 

@@ -8,7 +8,7 @@ this module never trains one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
@@ -31,12 +31,17 @@ def evaluate_muse(
     max_length: int = 2048,
     show_progress: bool = False,
     prompt_template: str | None = None,
+    attacks: Sequence[str] | None = None,
+    attack_reference_model: Any = None,
 ) -> dict[str, Any]:
     """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC, with PrivLeak against
     ``retrained_auc`` (the same AUCs measured on a model retrained without the forget set), on whichever of
     :func:`hf_unlearn.loaders.muse_evaluation_sets`'s sets ``sets`` has. ``batch_size`` is for scoring whole
-    texts (up to ``max_length`` tokens), ``generation_batch_size`` for KnowMem's short answers."""
-    from .muse import knowmem, membership_auc, membership_scores, privleak, verbmem
+    texts (up to ``max_length`` tokens), ``generation_batch_size`` for KnowMem's short answers. ``attacks``: the
+    membership attacks (default every one of :data:`hf_unlearn.membership.ATTACKS` that can run: ``reference`` only
+    with ``attack_reference_model``); AUC and PrivLeak in MUSE's orientation (:mod:`hf_unlearn.membership`)."""
+    from .membership import ATTACKS, membership_auc, membership_scores, privleak
+    from .muse import knowmem, verbmem
 
     result: dict[str, Any] = {}
     if sets.get("verbmem") is not None:
@@ -60,6 +65,8 @@ def evaluate_muse(
                 prompt_template=prompt_template,
             )
     if sets.get("privleak_forget") is not None and sets.get("privleak_holdout") is not None:
+        if attacks is None:
+            attacks = [a for a in ATTACKS if a != "reference" or attack_reference_model is not None]
         members, others = (
             membership_scores(
                 model,
@@ -70,6 +77,8 @@ def evaluate_muse(
                 max_length,
                 # Prompted texts (the embedded QA): only the trained part, the answer, is scored.
                 prompts=sets[name]["prompt"] if "prompt" in sets[name].column_names else None,
+                attacks=attacks,
+                reference_model=attack_reference_model,
             )
             for name in ("privleak_forget", "privleak_holdout")
         )
@@ -143,10 +152,12 @@ def evaluate_benchmark(
     if max_examples is not None:
         sets = {name: data.select(range(min(max_examples, len(data)))) for name, data in sets.items()}
     result: dict[str, Any] = {"benchmark": benchmark, "split": split}
+    # The Reference attack calibrates with the model trained without the forget set, when there is one.
+    attack_reference = reference_model[0] if reference_model is not None else None
     if reference_model is not None:
-        reference = _evaluate_sets(*reference_model, sets, None, show_progress, prompt_template)
+        reference = _evaluate_sets(*reference_model, sets, None, show_progress, prompt_template, attack_reference)
         result["reference"] = {k: v for k, v in reference.items() if k in ("forget_truth_ratios", "muse")}
-    result.update(_evaluate_sets(model, tokenizer, sets, reference, show_progress, prompt_template))
+    result.update(_evaluate_sets(model, tokenizer, sets, reference, show_progress, prompt_template, attack_reference))
     return result
 
 
@@ -157,6 +168,7 @@ def _evaluate_sets(
     reference: Mapping[str, Any] | None,
     show_progress: bool,
     prompt_template: str | None = None,
+    attack_reference_model: Any = None,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     if "forget" in sets:
@@ -176,7 +188,13 @@ def _evaluate_sets(
     if any(name.startswith(("verbmem", "knowmem", "privleak")) for name in sets):
         retrained_auc = ((reference or {}).get("muse") or {}).get("auc")
         result["muse"] = evaluate_muse(
-            model, tokenizer, sets, retrained_auc, show_progress=show_progress, prompt_template=prompt_template
+            model,
+            tokenizer,
+            sets,
+            retrained_auc,
+            show_progress=show_progress,
+            prompt_template=prompt_template,
+            attack_reference_model=attack_reference_model,
         )
     return result
 

@@ -395,37 +395,7 @@ def run_quant_check_job(cli: Any) -> dict:
     from .quantize import check_quantization_robustness, quantization_table
 
     record = _saved_record(cli.model)
-    prompt_template = cli.prompt_template
-    if prompt_template is None and record is not None:
-        prompt_template = record.extra.get("prompt_template")
-    if cli.forget_data:
-        if cli.benchmark:
-            raise ValueError("Pass your own data (--forget_data) or a --benchmark, not both.")
-        forget, retain = _user_records(cli.forget_data, "forget", cli), _user_records(cli.retain_data, "retain", cli)
-    else:
-        benchmark = cli.benchmark
-        learned = _learned_embedded_benchmark(cli.model, record)
-        if benchmark is None and not learned:
-            raise ValueError(
-                f"hf-unlearn quant-check: say which forgotten data to check {cli.model!r} on: --forget_data FILE "
-                "(and --retain_data FILE), or --benchmark NAME. The embedded benchmark is only meaningful for a "
-                "model that learned it."
-            )
-        benchmark = benchmark or "embedded"
-        if benchmark == "embedded":
-            from .benchmarks import load_split, retain_split_for
-
-            if not learned:
-                logger.warning(
-                    f"{cli.model!r} has no record of learning the embedded benchmark: its numbers are for authors it "
-                    "has probably never seen."
-                )
-            split = (record.extra.get("split") if record is not None and cli.benchmark is None else None) or cli.split
-            forget = load_split(split)
-            retain = load_split(cli.retain_split or retain_split_for(split))
-        else:
-            forget = load_records(benchmark, cli.split)
-            retain = load_records(benchmark, cli.retain_split) if cli.retain_split else None
+    forget, retain, prompt_template = _check_data(cli, record, "quant-check")
     _, tokenizer = load_model_and_tokenizer(cli.model)
     result = check_quantization_robustness(
         cli.model, tokenizer, forget, retain, modes=tuple(cli.modes), prompt_template=prompt_template
@@ -440,6 +410,89 @@ def run_quant_check_job(cli: Any) -> dict:
         record.save(cli.model)
         write_model_card(record, cli.model)
     print(quantization_table(result))
+    return result
+
+
+def _check_data(cli: Any, record: UnlearnRecord | None, command: str) -> tuple[Any, Any, str | None]:
+    """Forget and retain records and the prompt format for a robustness check of a saved model: the user's own data,
+    a named benchmark, or the embedded benchmark when the model's record says it learned it (never silently)."""
+    prompt_template = cli.prompt_template
+    if prompt_template is None and record is not None:
+        prompt_template = record.extra.get("prompt_template")
+    if cli.forget_data:
+        if cli.benchmark:
+            raise ValueError("Pass your own data (--forget_data) or a --benchmark, not both.")
+        forget, retain = _user_records(cli.forget_data, "forget", cli), _user_records(cli.retain_data, "retain", cli)
+        return forget, retain, prompt_template
+    learned = _learned_embedded_benchmark(cli.model, record)
+    if cli.benchmark is None and not learned:
+        raise ValueError(
+            f"hf-unlearn {command}: say which forgotten data to check {cli.model!r} on: --forget_data FILE (and "
+            "--retain_data FILE), or --benchmark NAME. The embedded benchmark is only meaningful for a model that "
+            "learned it."
+        )
+    benchmark = cli.benchmark or "embedded"
+    if benchmark != "embedded":
+        retain = load_records(benchmark, cli.retain_split) if cli.retain_split else None
+        return load_records(benchmark, cli.split), retain, prompt_template
+    from .benchmarks import load_split, retain_split_for
+
+    if not learned:
+        logger.warning(
+            f"{cli.model!r} has no record of learning the embedded benchmark: its numbers are for authors it has "
+            "probably never seen."
+        )
+    split = (record.extra.get("split") if record is not None and cli.benchmark is None else None) or cli.split
+    return load_split(split), load_split(cli.retain_split or retain_split_for(split)), prompt_template
+
+
+def run_relearn_check_job(cli: Any) -> dict:
+    """`hf-unlearn relearn-check`: fine-tune a copy of a saved unlearned model on part of its forget set and measure
+    the rest (:func:`hf_unlearn.relearn.check_relearning_robustness`); write relearn_check.json, and add the result
+    to the model's run record and card when it has one. The saved model is never modified."""
+    from .relearn import check_relearning_robustness, relearning_table
+
+    record = _saved_record(cli.model)
+    forget, _, prompt_template = _check_data(cli, record, "relearn-check")
+    relearn = _user_records(cli.relearn_data, "relearning", cli) if cli.relearn_data else None
+    model, tokenizer = load_model_and_tokenizer(cli.model)
+    references: dict[str, Any] = {}
+    for role, name in (("reference_model", cli.reference_model), ("target_model", cli.target_model)):
+        if name:
+            references[role] = load_model_and_tokenizer(name)[0]
+    if (
+        not cli.forget_data
+        and (cli.benchmark or "embedded") == "embedded"
+        and _learned_embedded_benchmark(cli.model, record)
+    ):
+        from .benchmarks import learn_retain_only_model, learn_target_model
+
+        split = (record.extra.get("split") if record is not None else None) or cli.split
+        references.setdefault("reference_model", learn_retain_only_model(split)[0])
+        references.setdefault("target_model", learn_target_model()[0])
+    result = check_relearning_robustness(
+        model,
+        tokenizer,
+        forget,
+        relearn_records=relearn,
+        steps=cli.steps,
+        learning_rate=cli.learning_rate,
+        relearn_fraction=cli.relearn_fraction,
+        batch_size=cli.batch_size,
+        measure_every=cli.measure_every,
+        seed=cli.seed,
+        prompt_template=prompt_template,
+        **references,
+    )
+    os.makedirs(cli.output_dir, exist_ok=True)
+    with open(os.path.join(cli.output_dir, "relearn_check.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    if record is not None:
+        from .model_card import write_model_card
+
+        record.update(relearning=result).save(cli.model)
+        write_model_card(record, cli.model)
+    print(relearning_table(result))
     return result
 
 

@@ -34,6 +34,7 @@ TEMPLATE = """
 
 {metrics}
 {quantization}
+{relearning}
 ## How to use
 
 ```python
@@ -137,6 +138,20 @@ def _metrics_section(before: dict | None, after: dict | None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _relearning_section(relearning: dict | None) -> str:
+    if not relearning:
+        return ""
+    from .relearn import relearning_table
+
+    settings = relearning["settings"]
+    return (
+        "## Relearning check\n\n"
+        f"A copy fine-tuned for {settings['steps']} steps (lr {settings['learning_rate']:g}) on "
+        f"{relearning['relearn_examples']} forget examples ({relearning['relearn_data']}); measured on the other "
+        f"{relearning['measured_examples']}.\n\n" + relearning_table(relearning) + "\n"
+    )
+
+
 def _quantization_section(quantization: dict | None) -> str:
     if not quantization:
         return ""
@@ -176,6 +191,7 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         hyperparameters=hyperparameters,
         metrics=_metrics_section(record.before, record.after),
         quantization=_quantization_section(record.quantization),
+        relearning=_relearning_section(record.relearning),
         usage=_usage(record, location),
         references=references or "-",
     )

@@ -53,6 +53,7 @@ class UnlearnRecord:
         before / after: per split (``forget``, ``retain``) metric dicts, when measured.
         evaluation: evaluation summaries (e.g. forget quality, model utility) ``{"before": ..., "after": ...}``.
         quantization: the result of :func:`hf_unlearn.quantize.check_quantization_robustness`, when run.
+        relearning: the result of :func:`hf_unlearn.relearn.check_relearning_robustness`, when run.
         extra: anything else a job records (benchmark, split, target model).
     """
 
@@ -86,6 +87,7 @@ class UnlearnRecord:
     after: dict[str, dict[str, Any]] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
+    relearning: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -245,7 +245,15 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
         for attack, auc in (muse.get("auc") or {}).items():
             leak = (muse.get("privleak") or {}).get(attack)
             lines.append(f"| membership AUC, {attack} | {_fmt4(auc)} |")
-            lines.append(f"| PrivLeak, {attack} (%, ideal about 0) | {_fmt4(leak)} |")
+            lines.append(f"| PrivLeak, {attack} (%) | {_fmt4(leak)} |")
+        if muse.get("auc"):
+            lines += [
+                "",
+                "Membership AUC is MUSE's: P(a never-seen text scores as more familiar than a forget text); 0.5 is "
+                "chance. PrivLeak is its change against the model trained without the forget set, in %: about 0 is "
+                "what retraining gives, strongly negative means the forget set is still recognisable "
+                "(under-unlearning), positive that it looks less familiar than never-seen text (over-unlearning).",
+            ]
         lines.append("")
     return "\n".join(lines)
 

@@ -1,0 +1,144 @@
+"""The 4-bit check catches what it is for: a model whose forgotten answers come back under NF4 (built here: its
+weights sit inside the NF4 bins of a model that knows the answers) is flagged and the target is not; the caller's
+model (a LoRA model included) is untouched; every requested mode is really quantized."""
+
+import copy
+
+import bitsandbytes.functional as bnb_functional
+import pytest
+import torch
+
+from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.data import pad_examples, tokenize_qa
+from hf_unlearn.metrics import evaluate_qa
+from hf_unlearn.quantize import check_quantization_robustness, quantization_table
+
+# bitsandbytes' NF4 code book (Dettmers et al. 2023, QLoRA, Appendix E), ascending.
+NF4_CODES = torch.tensor(
+    [-1.0, -0.6961928, -0.5250731, -0.3949175, -0.2844414, -0.1847734, -0.0910500, 0.0,
+     0.0795803, 0.1609302, 0.2461123, 0.3379152, 0.4407098, 0.5626170, 0.7229568, 1.0]
+)  # fmt: skip
+BLOCK = 64
+
+
+def nf4_round_trip(weight: torch.Tensor) -> torch.Tensor:
+    packed, state = bnb_functional.quantize_4bit(
+        weight.detach().float().contiguous(), blocksize=BLOCK, quant_type="nf4"
+    )
+    return bnb_functional.dequantize_4bit(packed, state, blocksize=BLOCK, quant_type="nf4").view_as(weight)
+
+
+def nf4_bins(weight: torch.Tensor, shrink: float = 0.98) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per element, the interval that keeps its NF4 code (a little inside the midpoints to the neighbouring codes);
+    each block's absmax element is pinned, so the block's scale does not move."""
+    blocks = weight.reshape(-1, BLOCK)
+    absmax = blocks.abs().amax(dim=1, keepdim=True)
+    normalized = blocks / absmax
+    mids = (NF4_CODES[1:] + NF4_CODES[:-1]) / 2
+    index = torch.bucketize(normalized, mids)
+    centre = NF4_CODES[index]
+    low = torch.cat([torch.tensor([-1.0]), mids])[index]
+    high = torch.cat([mids, torch.tensor([1.0])])[index]
+    low, high = (centre + (low - centre) * shrink) * absmax, (centre + (high - centre) * shrink) * absmax
+    pinned = normalized.abs() >= 0.999
+    low, high = torch.where(pinned, blocks, low), torch.where(pinned, blocks, high)
+    return low.reshape(weight.shape), high.reshape(weight.shape)
+
+
+def quantized_linears(model):
+    return [m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in name]
+
+
+@pytest.fixture(scope="module")
+def regain():
+    """A target that knows 5 forget answers, and an 'unlearned' copy whose fp32 weights forgot them by gradient
+    ascent *inside* the target's NF4 bins: in full precision it has forgotten, under NF4 it is the target again
+    (the failure of Zhang et al., ICLR 2025, made exact)."""
+    tokenizer = build_tokenizer()
+    target = tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2)
+    forget = load_split("forget01").select_columns(["question", "answer"])
+    retain = load_split("retain99").select(range(10)).select_columns(["question", "answer"])
+    batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in [*forget, *retain]], 0)
+    optimizer = torch.optim.AdamW(target.parameters(), lr=1e-2)
+    for _ in range(80):
+        optimizer.zero_grad()
+        target(**batch).loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        for module in quantized_linears(target):  # on the NF4 grid, so NF4 changes nothing about the target
+            module.weight.copy_(nf4_round_trip(module.weight))
+    unlearned = copy.deepcopy(target)
+    weights = [m.weight for m in quantized_linears(unlearned)]
+    bins = [nf4_bins(w.detach()) for w in weights]
+    for parameter in unlearned.parameters():
+        parameter.requires_grad_(parameter in set(weights))
+    forget_batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in forget], 0)
+    optimizer = torch.optim.Adam(weights, lr=3e-3)
+    for _ in range(80):
+        optimizer.zero_grad()
+        (-unlearned(**forget_batch).loss).backward()
+        optimizer.step()
+        with torch.no_grad():
+            for weight, (low, high) in zip(weights, bins, strict=True):
+                weight.copy_(torch.maximum(torch.minimum(weight, high), low))
+    for parameter in unlearned.parameters():
+        parameter.requires_grad_(True)
+    return target, unlearned, tokenizer, forget, retain
+
+
+def test_the_built_model_really_regains_under_nf4(regain):
+    target, unlearned, tokenizer, forget, _ = regain
+    assert evaluate_qa(target, tokenizer, forget)["rouge_l_recall"] > 0.9
+    assert evaluate_qa(unlearned, tokenizer, forget)["rouge_l_recall"] < 0.4
+    for before, after in zip(quantized_linears(target), quantized_linears(unlearned), strict=True):
+        assert not torch.equal(before.weight, after.weight)
+        assert torch.equal(nf4_round_trip(after.weight), before.weight)
+
+
+def test_quant_check_flags_the_regain_and_not_the_target(regain):
+    target, unlearned, tokenizer, forget, retain = regain
+    flagged = check_quantization_robustness(unlearned, tokenizer, forget, retain, modes=("nf4",))
+    assert flagged["full_precision"]["forget"]["rouge_l_recall"] < 0.4
+    assert flagged["nf4"]["forget"]["rouge_l_recall"] > 0.9
+    assert flagged["nf4"]["change"]["forget"]["rouge_l_recall"] > 0.5
+    assert flagged["nf4"]["knowledge_returned"] is True
+    assert "Forgotten knowledge came back after: nf4." in quantization_table(flagged)
+    # The target knew its answers in full precision already: nothing came back.
+    quiet = check_quantization_robustness(target, tokenizer, forget, retain, modes=("nf4",))
+    assert quiet["nf4"]["knowledge_returned"] is False
+    assert "No forgotten knowledge came back" in quantization_table(quiet)
+
+
+def test_the_callers_model_and_its_adapters_are_untouched(regain):
+    from peft import LoraConfig, get_peft_model
+
+    _, unlearned, tokenizer, forget, _ = regain
+    model = get_peft_model(
+        copy.deepcopy(unlearned), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:  # non-zero adapters, so a merge into the caller's base would show
+                parameter.normal_(0, 0.05)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ids = torch.tensor([tokenize_qa(tokenizer, forget[0]["question"], forget[0]["answer"])["input_ids"]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+    check_quantization_robustness(model, tokenizer, forget, modes=("nf4",))
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert sum("lora_A" in name for name, _ in model.named_parameters()) == 4
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, logits)
+
+
+def test_every_requested_mode_is_really_quantized(regain):
+    _, unlearned, tokenizer, forget, _ = regain
+    layers = len(quantized_linears(unlearned))
+    result = check_quantization_robustness(unlearned, tokenizer, forget, modes=("nf4", "fp4", "int8"))
+    assert set(result) == {"full_precision", "nf4", "fp4", "int8"}
+    for mode in ("nf4", "fp4", "int8"):
+        assert result[mode]["quantized_layers"] == layers
+        assert result[mode]["forget"]["num_examples"] == 5
+    # FP4 has another code book: the fp32 model's weights are not on its grid, so its answers differ from NF4's.
+    assert result["fp4"]["forget"]["probability"] != result["nf4"]["forget"]["probability"]

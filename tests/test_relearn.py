@@ -1,0 +1,95 @@
+"""The relearning attack: knowledge that gradient ascent only suppressed comes back after a few steps on half of the
+forget set, beyond what the same steps teach a model that never saw it; the reference itself is not flagged; the
+attacked model is a copy; the CLI names what it needs."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.cli import main
+from hf_unlearn.data import pad_examples, tokenize_qa
+from hf_unlearn.metrics import evaluate_qa
+from hf_unlearn.relearn import check_relearning_robustness, relearning_table, split_for_relearning
+
+
+def _train(model, tokenizer, records, steps, lr, ascent=False):
+    batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records], 0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(**batch).loss
+        (-loss if ascent else loss).backward()
+        optimizer.step()
+    return model
+
+
+@pytest.fixture(scope="module")
+def models():
+    """target (learned forget + retain), suppressed (target after gradient ascent on the forget set) and reference
+    (learned the retain set only)."""
+    tokenizer = build_tokenizer()
+    forget = list(load_split("forget05").select_columns(["question", "answer"]))
+    retain = list(load_split("retain95").select(range(20)).select_columns(["question", "answer"]))
+    target = _train(tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2), tokenizer,
+                    forget + retain, 150, 1e-2)  # fmt: skip
+    reference = _train(tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2), tokenizer,
+                       retain, 150, 1e-2)  # fmt: skip
+    suppressed = _train(copy.deepcopy(target), tokenizer, forget, 10, 3e-3, ascent=True)
+    return tokenizer, forget, target, suppressed, reference
+
+
+def test_split_is_seeded_disjoint_and_refuses_what_cannot_split():
+    records = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(10)]
+    relearn, measured = split_for_relearning(records, 0.5, seed=3)
+    assert len(relearn) == len(measured) == 5 and not {r["question"] for r in relearn} & {
+        r["question"] for r in measured
+    }
+    assert split_for_relearning(records, 0.5, seed=3) == (relearn, measured)
+    with pytest.raises(ValueError, match="at least 2 forget examples"):
+        split_for_relearning(records[:1])
+    with pytest.raises(ValueError, match="relearn_fraction"):
+        split_for_relearning(records, 1.0)
+
+
+def test_suppressed_knowledge_comes_back_and_the_reference_is_not_flagged(models):
+    tokenizer, forget, target, suppressed, reference = models
+    assert evaluate_qa(target, tokenizer, forget)["rouge_l_recall"] > 0.9
+    assert evaluate_qa(suppressed, tokenizer, forget)["rouge_l_recall"] < 0.5
+    state = {k: v.clone() for k, v in suppressed.state_dict().items()}
+    result = check_relearning_robustness(
+        suppressed, tokenizer, forget, reference_model=reference, target_model=target, steps=10, learning_rate=1e-3,
+        measure_every=5,
+    )  # fmt: skip
+    assert all(torch.equal(v, state[k]) for k, v in suppressed.state_dict().items())  # the attack used a copy
+    assert [row["step"] for row in result["curve"]] == [0, 5, 10]
+    assert result["relearn_examples"] == result["measured_examples"] == 5
+    end, start = result["curve"][-1]["rouge_l_recall"], result["curve"][0]["rouge_l_recall"]
+    assert end - result["reference_curve"][-1]["rouge_l_recall"] > 0.1 and end > start
+    assert result["knowledge_returned"] is True and 0 < result["recovered_fraction"] <= 1.5
+    assert "Forgotten knowledge came back" in relearning_table(result)
+    # The never-trained model relearned the same way is the baseline: compared with itself nothing comes back.
+    same = check_relearning_robustness(
+        reference, tokenizer, forget, reference_model=reference, steps=10, learning_rate=1e-3
+    )
+    assert same["excess_rouge_l_recall"] == pytest.approx(0.0, abs=1e-9) and same["knowledge_returned"] is False
+
+
+def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
+    tokenizer, forget, _, suppressed, reference = models
+    for name, model in (("suppressed", suppressed), ("reference", reference)):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    path = tmp_path / "forget.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in forget))
+    assert main(["relearn-check", "--model", str(tmp_path / "suppressed"), "--output_dir", str(tmp_path)]) == 1
+    assert "--forget_data" in capsys.readouterr().err
+    status = main(
+        ["relearn-check", "--model", str(tmp_path / "suppressed"), "--forget_data", str(path), "--reference_model",
+         str(tmp_path / "reference"), "--steps", "10", "--learning_rate", "1e-3", "--output_dir", str(tmp_path)]
+    )  # fmt: skip
+    assert status == 0
+    result = json.loads((tmp_path / "relearn_check.json").read_text())
+    assert result["knowledge_returned"] is True and result["compared_with"].startswith("the reference")
