@@ -24,7 +24,7 @@ PROMPT_TEMPLATE_HELP = (
     "'Question: {question}\\nAnswer: {answer}'; 'chat', 'plain', or your own format string with {question} and "
     "{answer}, e.g. '### Q: {question}\\n### A: {answer}'."
 )
-COMMANDS = ("demo", "run", "compare", "quant-check", "relearn-check", "push", "eval")
+COMMANDS = ("demo", "run", "compare", "quant-check", "relearn-check", "audit", "push", "eval")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs). With the calibrated target
@@ -50,6 +50,13 @@ class DemoArguments:
     architecture: str = field(default="llama", metadata={"help": "Tiny target model: llama, qwen2 or gpt2."})
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where the learned target model is cached (default ~/.cache/hf_unlearn)."}
+    )
+    audit: bool = field(
+        default=False,
+        metadata={
+            "help": "After unlearning, run the robustness audit (NF4 reload, relearning attack, membership attacks "
+            "against the benchmark's holdout authors) and add it to the report and card."
+        },
     )
     calibrate: bool = field(
         default=True,
@@ -291,6 +298,43 @@ def relearn_check_main(argv: list[str]) -> dict:
 
 
 @dataclass
+class AuditArguments(ModelAndDataArguments):
+    """Options of `hf-unlearn audit`."""
+
+    holdout_data: str | None = field(
+        default=None,
+        metadata={"help": "Examples of the same kind never trained on, for the membership attacks (own data)."},
+    )
+    reference_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "A model trained without the forget set: PrivLeak, the Reference attack and the relearning "
+            "baseline (embedded benchmark: its retain-only model)."
+        },
+    )
+    target_model: str | None = field(
+        default=None, metadata={"help": "The model before unlearning, for scale (embedded benchmark: its target)."}
+    )
+    modes: list[str] = field(default_factory=lambda: ["nf4"], metadata={"help": "Quantizations to check."})
+    relearn_steps: int = field(default=20, metadata={"help": "Fine-tuning steps of the relearning attack."})
+    relearn_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the relearning attack."})
+    benchmark: str | None = field(
+        default=None, metadata={"help": "As in quant-check: 'embedded' or a dataset path/Hub id."}
+    )
+    split: str = field(default="forget10", metadata={"help": "Forget split (embedded) or subset (dataset)."})
+    retain_split: str | None = field(default=None, metadata={"help": "Retain split/subset (default: the matching)."})
+    output_dir: str = field(default=".", metadata={"help": "Where audit.json and audit.md go."})
+
+
+def audit_main(argv: list[str]) -> dict:
+    """Quantization, relearning and membership checks in one report, and a Robustness section in the model card."""
+    from .jobs import run_audit_job
+
+    (cli,) = _parse((AuditArguments,), argv)
+    return run_audit_job(cli)
+
+
+@dataclass
 class PushArguments:
     """Options of `hf-unlearn push`."""
 
@@ -413,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         "compare": compare_main,
         "quant-check": quant_check_main,
         "relearn-check": relearn_check_main,
+        "audit": audit_main,
         "push": push_main,
         "eval": eval_main,
     }

@@ -14,7 +14,7 @@ from typing import Any
 from datasets import Dataset
 
 from .loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
-from .metrics import evaluate_unlearning
+from .metrics import evaluate_unlearning, qa_records
 from .prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
 
 
@@ -111,8 +111,8 @@ def qa_evaluation_sets(
     if holdout is not None:
         for name, data in (("privleak_forget", forget), ("privleak_holdout", holdout)):
             pairs = [
-                prompt_and_completion(tokenizer, str(q), str(a), prompt_template)
-                for q, a in zip(data["question"], data["answer"], strict=True)
+                prompt_and_completion(tokenizer, str(r["question"]), str(r["answer"]), prompt_template)
+                for r in qa_records(data)
             ]
             sets[name] = Dataset.from_dict({"prompt": [p for p, _ in pairs], "text": [c for _, c in pairs]})
     return sets

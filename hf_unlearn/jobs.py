@@ -306,6 +306,24 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             "calibration": "hf_unlearn fictitious authors / calibration",
         },
     )
+    if demo_args.audit and trainer.is_world_process_zero():
+        from .audit import audit_markdown, run_audit
+
+        audit = run_audit(
+            trainer.model,
+            tokenizer,
+            forget,
+            retain,
+            load_split("holdout"),
+            reference_model=reference_model,
+            target_model=learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0],
+        )
+        trainer.record.update(
+            quantization=audit["quantization"],
+            relearning=audit["relearning"],
+            audit={"verdicts": audit["verdicts"], "membership": audit.get("membership")},
+        )
+        print("\nRobustness audit:\n" + audit_markdown(audit))
     trainer.record.extra["demo_seconds"] = time.perf_counter() - start
     trainer.save_model(config.output_dir)  # the model, the record and its card, so `hf-unlearn eval` works
     if trainer.is_world_process_zero():
@@ -456,20 +474,7 @@ def run_relearn_check_job(cli: Any) -> dict:
     forget, _, prompt_template = _check_data(cli, record, "relearn-check")
     relearn = _user_records(cli.relearn_data, "relearning", cli) if cli.relearn_data else None
     model, tokenizer = load_model_and_tokenizer(cli.model)
-    references: dict[str, Any] = {}
-    for role, name in (("reference_model", cli.reference_model), ("target_model", cli.target_model)):
-        if name:
-            references[role] = load_model_and_tokenizer(name)[0]
-    if (
-        not cli.forget_data
-        and (cli.benchmark or "embedded") == "embedded"
-        and _learned_embedded_benchmark(cli.model, record)
-    ):
-        from .benchmarks import learn_retain_only_model, learn_target_model
-
-        split = (record.extra.get("split") if record is not None else None) or cli.split
-        references.setdefault("reference_model", learn_retain_only_model(split)[0])
-        references.setdefault("target_model", learn_target_model()[0])
+    references = _check_models(cli, record)
     result = check_relearning_robustness(
         model,
         tokenizer,
@@ -494,6 +499,67 @@ def run_relearn_check_job(cli: Any) -> dict:
         write_model_card(record, cli.model)
     print(relearning_table(result))
     return result
+
+
+def _check_models(cli: Any, record: UnlearnRecord | None) -> dict[str, Any]:
+    """The reference (trained without the forget set) and target models of a check: as named, or on the embedded
+    benchmark its retain-only and target models (learned once, cached)."""
+    models: dict[str, Any] = {}
+    for role, name in (("reference_model", cli.reference_model), ("target_model", cli.target_model)):
+        if name:
+            models[role] = load_model_and_tokenizer(name)[0]
+    embedded = not cli.forget_data and (cli.benchmark or "embedded") == "embedded"
+    if embedded and _learned_embedded_benchmark(cli.model, record):
+        from .benchmarks import learn_retain_only_model, learn_target_model
+
+        split = (record.extra.get("split") if record is not None else None) or cli.split
+        models.setdefault("reference_model", learn_retain_only_model(split)[0])
+        models.setdefault("target_model", learn_target_model()[0])
+    return models
+
+
+def run_audit_job(cli: Any) -> dict:
+    """`hf-unlearn audit`: quantization, relearning and membership checks of a saved model (never modified); write
+    audit.json and audit.md, and add the results and a Robustness section to the model's record and card."""
+    from .audit import audit_markdown, run_audit
+
+    record = _saved_record(cli.model)
+    forget, retain, prompt_template = _check_data(cli, record, "audit")
+    holdout = _user_records(cli.holdout_data, "holdout", cli) if cli.holdout_data else None
+    if holdout is None and not cli.forget_data and (cli.benchmark or "embedded") == "embedded":
+        from .benchmarks import load_split
+
+        holdout = load_split("holdout")
+    model, tokenizer = load_model_and_tokenizer(cli.model)
+    audit = run_audit(
+        model,
+        tokenizer,
+        forget,
+        retain,
+        holdout,
+        modes=cli.modes,
+        relearn_steps=cli.relearn_steps,
+        relearn_learning_rate=cli.relearn_learning_rate,
+        prompt_template=prompt_template,
+        **_check_models(cli, record),
+    )
+    markdown = f"# Robustness audit of {cli.model}\n\n" + audit_markdown(audit)
+    os.makedirs(cli.output_dir, exist_ok=True)
+    with open(os.path.join(cli.output_dir, "audit.json"), "w") as f:
+        json.dump(audit, f, indent=2)
+    with open(os.path.join(cli.output_dir, "audit.md"), "w") as f:
+        f.write(markdown)
+    if record is not None:
+        from .model_card import write_model_card
+
+        record.update(
+            quantization=audit["quantization"],
+            relearning=audit["relearning"],
+            audit={"verdicts": audit["verdicts"], "membership": audit.get("membership")},
+        ).save(cli.model)
+        write_model_card(record, cli.model)
+    print(markdown)
+    return audit
 
 
 def _saved_record(model: str) -> UnlearnRecord | None:

@@ -146,14 +146,18 @@ def gradient_norms(
     prompts: Sequence[str] | None = None,
     show_progress: bool = False,
 ) -> list[float]:
-    """Per text, the L2 norm over all trainable parameters of the gradient of its mean token NLL (the scored tokens
-    only, as :func:`token_statistics` selects them). The model's gradients and training mode are restored."""
+    """Per text, the L2 norm over all floating-point parameters (frozen ones included: a merged or frozen model is
+    still attacked on its weights) of the gradient of its mean token NLL (the scored tokens only, as
+    :func:`token_statistics` selects them). Gradients, ``requires_grad`` flags and training mode are restored."""
     encoded, starts = _encode(tokenizer, texts, max_length, prompts)
     device = _device(model)
-    parameters = [p for p in model.parameters() if p.requires_grad]
+    parameters = [p for p in model.parameters() if p.is_floating_point()]
     if not parameters:
-        raise ValueError("The GradNorm attack needs trainable parameters; the model has none.")
+        raise ValueError("The GradNorm attack needs floating-point parameters; the model has none.")
     saved = [p.grad for p in parameters]
+    flags = [p.requires_grad for p in parameters]
+    for p in parameters:
+        p.requires_grad_(True)
     was_training = model.training
     model.eval()
     norms = []
@@ -168,8 +172,9 @@ def gradient_norms(
             grads = torch.autograd.grad(loss, parameters, allow_unused=True)
             norms.append(math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None)))
     finally:
-        for p, grad in zip(parameters, saved, strict=True):
+        for p, grad, flag in zip(parameters, saved, flags, strict=True):
             p.grad = grad
+            p.requires_grad_(flag)
         model.train(was_training)
     return norms
 
@@ -228,6 +233,8 @@ def privleak(auc_unlearned: float, auc_retrained: float) -> float:
     """MUSE's PrivLeak (§3.1), in percent: ``(AUC - AUC_retrained) / AUC_retrained * 100``, AUC oriented as in
     :func:`membership_auc`. Strongly negative: the forget set is still recognisable (under-unlearning); positive:
     it looks less familiar than never-seen text (over-unlearning); about 0 is what retraining gives."""
+    if auc_retrained == 0:
+        return float("nan")  # the retrained model separates the sets perfectly: no scale to compare against
     return (auc_unlearned - auc_retrained) / auc_retrained * 100
 
 

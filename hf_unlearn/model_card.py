@@ -33,6 +33,7 @@ TEMPLATE = """
 {hyperparameters}
 
 {metrics}
+{robustness}
 {quantization}
 {relearning}
 ## How to use
@@ -138,6 +139,17 @@ def _metrics_section(before: dict | None, after: dict | None) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _robustness_section(audit: dict | None) -> str:
+    """The audit's verdicts, each with the threshold it was judged by (details follow in the sections below)."""
+    if not audit:
+        return ""
+    rows = ["## Robustness", "", "| check | result | finding | threshold |", "|---|---|---|---|"]
+    for check, verdict in audit["verdicts"].items():
+        status = {True: "passed", False: "**failed**", None: "not judged"}[verdict["passed"]]
+        rows.append(f"| {check} | {status} | {verdict['finding']} | {verdict['threshold']} |")
+    return "\n".join(rows) + "\n"
+
+
 def _relearning_section(relearning: dict | None) -> str:
     if not relearning:
         return ""
@@ -192,6 +204,7 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         metrics=_metrics_section(record.before, record.after),
         quantization=_quantization_section(record.quantization),
         relearning=_relearning_section(record.relearning),
+        robustness=_robustness_section(record.audit),
         usage=_usage(record, location),
         references=references or "-",
     )

@@ -54,6 +54,7 @@ class UnlearnRecord:
         evaluation: evaluation summaries (e.g. forget quality, model utility) ``{"before": ..., "after": ...}``.
         quantization: the result of :func:`hf_unlearn.quantize.check_quantization_robustness`, when run.
         relearning: the result of :func:`hf_unlearn.relearn.check_relearning_robustness`, when run.
+        audit: the verdicts of :func:`hf_unlearn.audit.run_audit` (and its membership part), when run.
         extra: anything else a job records (benchmark, split, target model).
     """
 
@@ -88,6 +89,7 @@ class UnlearnRecord:
     evaluation: dict[str, Any] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
     relearning: dict[str, Any] | None = None
+    audit: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -110,3 +110,48 @@ def memorized_llama(memorized_llama_state):
     model = make_tiny_model("llama")
     model.load_state_dict(memorized_llama_state)
     return model
+
+
+def train_on_answers(model, tokenizer, records, steps: int, lr: float, ascent: bool = False):
+    """AdamW on the answer tokens of QA ``records`` (gradient ascent with ``ascent``), the whole set as one batch."""
+    from hf_unlearn.data import pad_examples, tokenize_qa
+
+    batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records], 0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = model(**batch).loss
+        (-loss if ascent else loss).backward()
+        optimizer.step()
+    return model
+
+
+@pytest.fixture(scope="session")
+def suppressed_setting():
+    """The embedded tokenizer and, on forget05 / 20 retain / 10 holdout QA: a target (learned forget + retain), a
+    'suppressed' copy (the target after 10 steps of gradient ascent on the forget set) and a reference (learned the
+    retain set only). Built once per session."""
+    import copy
+
+    from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+
+    tokenizer = build_tokenizer()
+    forget = list(load_split("forget05").select_columns(["question", "answer"]))
+    retain = list(load_split("retain95").select(range(20)).select_columns(["question", "answer"]))
+    holdout = list(load_split("holdout").select(range(10)).select_columns(["question", "answer"]))
+
+    def fresh():
+        return tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2)
+
+    target = train_on_answers(fresh(), tokenizer, forget + retain, 150, 1e-2)
+    reference = train_on_answers(fresh(), tokenizer, retain, 150, 1e-2)
+    suppressed = train_on_answers(copy.deepcopy(target), tokenizer, forget, 10, 3e-3, ascent=True)
+    return {
+        "tokenizer": tokenizer,
+        "forget": forget,
+        "retain": retain,
+        "holdout": holdout,
+        "target": target,
+        "suppressed": suppressed,
+        "reference": reference,
+    }

@@ -146,3 +146,10 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     assert "Forget quality" in (out / "report.md").read_text()
     assert report["stop_reason"].startswith("target reached") and report["complete"]
     assert (out / "model.safetensors").is_file()  # so `hf-unlearn eval --model OUT` works
+    # The robustness audit of the demo's output, offline: one verdict per check, written to the record and card.
+    assert main(["audit", "--model", str(out), "--output_dir", str(tmp_path / "audit")]) == 0
+    audit = json.loads((tmp_path / "audit" / "audit.json").read_text())
+    assert set(audit["verdicts"]) == {"quantization", "relearning", "membership"}
+    assert audit["membership"]["verdict"] in ("under-unlearned", "like retraining", "over-unlearned")
+    assert "## Robustness" in (out / "README.md").read_text()
+    assert json.loads((out / "unlearn_record.json").read_text())["audit"]["verdicts"] == audit["verdicts"]

@@ -70,7 +70,8 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
     result = json.loads((out / "compare.json").read_text())
     region = result["region"]
     assert region["never_trained"]["forget"]["forget_quality"] > 0.5
-    assert region["before"]["forget"]["membership_auc"] > 0.9 > region["membership_auc_reference"] + 0.1
+    # MUSE's orientation: the target recognises its forget answers (AUC near 0), the never-trained model near 0.5.
+    assert region["before"]["forget"]["membership_auc"] < 0.1 < region["membership_auc_reference"] - 0.1
     assert set(result["methods"]) == {"masc", "graddiff", "simnpo"}
     for method in result["methods"].values():
         assert {"landed", "runs", "best_learning_rate", "time_to_region_seconds", "grid_seconds"} <= set(method)

@@ -74,7 +74,8 @@ def test_eval_command_on_the_embedded_benchmark(tmp_path):
     assert result["retain"]["truth_ratio"] > 0.2 and result["model_utility"] > 0.5  # paraphrases informative
     muse = result["muse"]
     assert muse["knowmem_forget"] > 0.9 and muse["verbmem_forget"] > 0.8 and muse["knowmem_retain"] > 0.9
-    assert muse["auc"]["min_k"] > 0.65 and muse["privleak"]["min_k"] > 20  # the target leaks membership
+    # MUSE's orientation: the target still recognises its forget answers (AUC near 0, PrivLeak strongly negative).
+    assert muse["auc"]["min_k"] < 0.35 and muse["privleak"]["min_k"] < -20
     assert "Forget quality" in (tmp_path / "eval.md").read_text() and "PrivLeak" in (tmp_path / "eval.md").read_text()
     assert (tmp_path / "radar.png").stat().st_size > 10_000 and (tmp_path / "truth_ratios.png").is_file()
 

@@ -107,6 +107,11 @@ def test_every_attack_equals_a_hand_computation(tokenizer, architecture):
         assert scores["gradnorm"][i] == pytest.approx(-norm, rel=1e-4)
         model.zero_grad()
     assert all(p.grad is None for p in model.parameters())  # GradNorm leaves no gradients behind
+    # A frozen model (a merged adapter, a reference) is attacked on its weights too, and stays frozen.
+    model.requires_grad_(False)
+    frozen = membership_scores(model, tokenizer, texts, prompts=prompts, attacks=["gradnorm"])["gradnorm"]
+    assert frozen == pytest.approx(scores["gradnorm"], rel=1e-4)
+    assert not any(p.requires_grad for p in model.parameters())
 
 
 def test_unknown_attack_and_reference_without_model_are_named(tokenizer):

@@ -2,43 +2,20 @@
 forget set, beyond what the same steps teach a model that never saw it; the reference itself is not flagged; the
 attacked model is a copy; the CLI names what it needs."""
 
-import copy
 import json
 
 import pytest
 import torch
 
-from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.cli import main
-from hf_unlearn.data import pad_examples, tokenize_qa
 from hf_unlearn.metrics import evaluate_qa
 from hf_unlearn.relearn import check_relearning_robustness, relearning_table, split_for_relearning
 
 
-def _train(model, tokenizer, records, steps, lr, ascent=False):
-    batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records], 0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = model(**batch).loss
-        (-loss if ascent else loss).backward()
-        optimizer.step()
-    return model
-
-
 @pytest.fixture(scope="module")
-def models():
-    """target (learned forget + retain), suppressed (target after gradient ascent on the forget set) and reference
-    (learned the retain set only)."""
-    tokenizer = build_tokenizer()
-    forget = list(load_split("forget05").select_columns(["question", "answer"]))
-    retain = list(load_split("retain95").select(range(20)).select_columns(["question", "answer"]))
-    target = _train(tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2), tokenizer,
-                    forget + retain, 150, 1e-2)  # fmt: skip
-    reference = _train(tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2), tokenizer,
-                       retain, 150, 1e-2)  # fmt: skip
-    suppressed = _train(copy.deepcopy(target), tokenizer, forget, 10, 3e-3, ascent=True)
-    return tokenizer, forget, target, suppressed, reference
+def models(suppressed_setting):
+    s = suppressed_setting
+    return s["tokenizer"], s["forget"], s["target"], s["suppressed"], s["reference"]
 
 
 def test_split_is_seeded_disjoint_and_refuses_what_cannot_split():
