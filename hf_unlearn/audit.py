@@ -130,6 +130,15 @@ def run_audit(
     return result
 
 
+def audit_record_fields(audit: dict[str, Any]) -> dict[str, Any]:
+    """What an audit adds to a run record (:class:`hf_unlearn.record.UnlearnRecord` fields)."""
+    return {
+        "quantization": audit["quantization"],
+        "relearning": audit["relearning"],
+        "audit": {"verdicts": audit["verdicts"], "membership": audit.get("membership")},
+    }
+
+
 def audit_markdown(audit: dict[str, Any]) -> str:
     """The verdict table, then each check's own table."""
     from .quantize import quantization_table
@@ -156,4 +165,4 @@ def audit_markdown(audit: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PRIVLEAK_TOLERANCE", "audit_markdown", "membership_check", "run_audit"]
+__all__ = ["PRIVLEAK_TOLERANCE", "audit_markdown", "audit_record_fields", "membership_check", "run_audit"]

@@ -307,7 +307,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         },
     )
     if demo_args.audit and trainer.is_world_process_zero():
-        from .audit import audit_markdown, run_audit
+        from .audit import audit_markdown, audit_record_fields, run_audit
 
         audit = run_audit(
             trainer.model,
@@ -318,11 +318,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             reference_model=reference_model,
             target_model=learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0],
         )
-        trainer.record.update(
-            quantization=audit["quantization"],
-            relearning=audit["relearning"],
-            audit={"verdicts": audit["verdicts"], "membership": audit.get("membership")},
-        )
+        trainer.record.update(**audit_record_fields(audit))
         print("\nRobustness audit:\n" + audit_markdown(audit))
     trainer.record.extra["demo_seconds"] = time.perf_counter() - start
     trainer.save_model(config.output_dir)  # the model, the record and its card, so `hf-unlearn eval` works
@@ -418,15 +414,7 @@ def run_quant_check_job(cli: Any) -> dict:
     result = check_quantization_robustness(
         cli.model, tokenizer, forget, retain, modes=tuple(cli.modes), prompt_template=prompt_template
     )
-    os.makedirs(cli.output_dir, exist_ok=True)
-    with open(os.path.join(cli.output_dir, "quant_check.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    if os.path.isfile(os.path.join(cli.model, RECORD_FILE)):
-        from .model_card import write_model_card
-
-        record = UnlearnRecord.load(cli.model).update(quantization=result)
-        record.save(cli.model)
-        write_model_card(record, cli.model)
+    _write_check(cli, record, "quant_check.json", result, quantization=result)
     print(quantization_table(result))
     return result
 
@@ -489,14 +477,7 @@ def run_relearn_check_job(cli: Any) -> dict:
         prompt_template=prompt_template,
         **references,
     )
-    os.makedirs(cli.output_dir, exist_ok=True)
-    with open(os.path.join(cli.output_dir, "relearn_check.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    if record is not None:
-        from .model_card import write_model_card
-
-        record.update(relearning=result).save(cli.model)
-        write_model_card(record, cli.model)
+    _write_check(cli, record, "relearn_check.json", result, relearning=result)
     print(relearning_table(result))
     return result
 
@@ -521,7 +502,7 @@ def _check_models(cli: Any, record: UnlearnRecord | None) -> dict[str, Any]:
 def run_audit_job(cli: Any) -> dict:
     """`hf-unlearn audit`: quantization, relearning and membership checks of a saved model (never modified); write
     audit.json and audit.md, and add the results and a Robustness section to the model's record and card."""
-    from .audit import audit_markdown, run_audit
+    from .audit import audit_markdown, audit_record_fields, run_audit
 
     record = _saved_record(cli.model)
     forget, retain, prompt_template = _check_data(cli, record, "audit")
@@ -544,22 +525,24 @@ def run_audit_job(cli: Any) -> dict:
         **_check_models(cli, record),
     )
     markdown = f"# Robustness audit of {cli.model}\n\n" + audit_markdown(audit)
-    os.makedirs(cli.output_dir, exist_ok=True)
-    with open(os.path.join(cli.output_dir, "audit.json"), "w") as f:
-        json.dump(audit, f, indent=2)
+    _write_check(cli, record, "audit.json", audit, **audit_record_fields(audit))
     with open(os.path.join(cli.output_dir, "audit.md"), "w") as f:
         f.write(markdown)
+    print(markdown)
+    return audit
+
+
+def _write_check(cli: Any, record: UnlearnRecord | None, filename: str, result: dict, **record_fields: Any) -> None:
+    """A check's result as ``filename`` (JSON) in ``cli.output_dir``, and into the checked run's record and model
+    card when the model folder holds a record."""
+    os.makedirs(cli.output_dir, exist_ok=True)
+    with open(os.path.join(cli.output_dir, filename), "w") as f:
+        json.dump(result, f, indent=2)
     if record is not None:
         from .model_card import write_model_card
 
-        record.update(
-            quantization=audit["quantization"],
-            relearning=audit["relearning"],
-            audit={"verdicts": audit["verdicts"], "membership": audit.get("membership")},
-        ).save(cli.model)
+        record.update(**record_fields).save(cli.model)
         write_model_card(record, cli.model)
-    print(markdown)
-    return audit
 
 
 def _saved_record(model: str) -> UnlearnRecord | None:
