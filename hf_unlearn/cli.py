@@ -1,4 +1,5 @@
-"""`hf-unlearn` command line: `demo`, `run`, `compare`, `eval`, `quant-check` and `push`.
+"""`hf-unlearn` command line: `demo`, `run`, `sequence`, `compare`, `eval`, `quant-check`, `relearn-check`, `audit`
+and `push`.
 
 Arguments are parsed with `HfArgumentParser`, so every `UnlearnConfig` field is a flag, and a single YAML file
 may hold them all (`hf-unlearn run config.yaml`). The jobs themselves live in :mod:`hf_unlearn.jobs`.
@@ -24,7 +25,7 @@ PROMPT_TEMPLATE_HELP = (
     "'Question: {question}\\nAnswer: {answer}'; 'chat', 'plain', or your own format string with {question} and "
     "{answer}, e.g. '### Q: {question}\\n### A: {answer}'."
 )
-COMMANDS = ("demo", "run", "compare", "quant-check", "relearn-check", "audit", "push", "eval")
+COMMANDS = ("demo", "run", "sequence", "compare", "quant-check", "relearn-check", "audit", "push", "eval")
 
 # The demo's target is a ~1M-parameter model trained from scratch, not a 7B model under LoRA, so it takes a
 # larger learning rate than UnlearnConfig's default (1e-4, the MASC paper's LoRA runs). With the calibrated target
@@ -46,7 +47,14 @@ DEMO_DEFAULTS = {
 class DemoArguments:
     """Options of `hf-unlearn demo` besides the `UnlearnConfig` fields."""
 
-    split: str = field(default="forget10", metadata={"help": "Forget split of the embedded benchmark."})
+    benchmark: str = field(
+        default="fictitious_authors",
+        metadata={
+            "help": "Embedded benchmark: fictitious_authors (TOFU-shaped QA) or chronicles (MUSE-shaped passages "
+            "of fictitious towns whose facts recur across passages; unlearns the forget towns' passages)."
+        },
+    )
+    split: str = field(default="forget10", metadata={"help": "Forget split of the fictitious authors."})
     architecture: str = field(default="llama", metadata={"help": "Tiny target model: llama, qwen2 or gpt2."})
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where the learned target model is cached (default ~/.cache/hf_unlearn)."}
@@ -207,6 +215,56 @@ def run_main(argv: list[str]) -> Any:
     from .jobs import run_unlearning_job
 
     return run_unlearning_job(run_args, config)
+
+
+@dataclass
+class SequenceArguments:
+    """Options of `hf-unlearn sequence` besides the `UnlearnConfig` fields."""
+
+    model: str | None = field(
+        default=None,
+        metadata={"help": "The model (folder or Hub id). Default: the embedded benchmark's target model."},
+    )
+    requests: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Forget sets in the order the requests arrive, one file (JSON/JSONL/CSV/Parquet) or dataset each, "
+            "named by their file name. Default (embedded): one request per author of --split, the first "
+            "--num_requests authors."
+        },
+    )
+    retain_data: str | None = field(
+        default=None, metadata={"help": "Retain set (same forms). Default (embedded): the matching retain split."}
+    )
+    calibration_data: str | None = field(
+        default=None,
+        metadata={"help": "Never-trained examples of the same kind (the calibrated stop). Default (embedded): yes."},
+    )
+    question_column: str = field(default="question", metadata={"help": "Question column of your own data."})
+    answer_column: str = field(default="answer", metadata={"help": "Answer column of your own data."})
+    prompt_template: str | None = field(default=None, metadata={"help": PROMPT_TEMPLATE_HELP})
+    lora_r: int = field(default=0, metadata={"help": "One LoRA adapter of this rank per request, merged (0: full)."})
+    max_eval_examples: int = field(
+        default=100, metadata={"help": "Measure at most this many examples of each set after every request."}
+    )
+    split: str = field(default="forget10", metadata={"help": "Embedded: the split whose authors are the requests."})
+    num_requests: int = field(default=3, metadata={"help": "Embedded: how many of its authors, one request each."})
+    architecture: str = field(default="llama", metadata={"help": "Embedded: tiny target model (llama, qwen2, gpt2)."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Embedded: where the target model is cached."})
+
+
+def sequence_main(argv: list[str]) -> Any:
+    """Unlearn several forget requests one after another, re-measuring every earlier one after each."""
+    expanded = yaml_to_argv(argv[0]) + argv[1:] if argv and argv[0].endswith((".yaml", ".yml")) else argv
+    embedded = not any(arg == "--model" or arg.startswith("--model=") for arg in expanded)
+    # The demo's learning rate suits the embedded tiny model only; a model of the user's keeps UnlearnConfig's.
+    defaults = dict(DEMO_DEFAULTS, output_dir="hf-unlearn-sequence")
+    if not embedded:
+        defaults = {key: defaults[key] for key in ("output_dir", "report_to", "save_strategy")}
+    sequence_args, config = _parse((SequenceArguments, UnlearnConfig), argv, defaults=defaults)
+    from .jobs import run_sequence_job
+
+    return run_sequence_job(sequence_args, config)
 
 
 @dataclass
@@ -454,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {
         "demo": demo_main,
         "run": run_main,
+        "sequence": sequence_main,
         "compare": compare_main,
         "quant-check": quant_check_main,
         "relearn-check": relearn_check_main,

@@ -36,6 +36,7 @@ DEFAULT_REFUSALS = (
     "That is something I cannot answer.",
 )
 STOP_PROBES = ("train", "holdout")
+FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 
@@ -231,6 +232,35 @@ class UnlearnConfig(TrainingArguments):
             "stop_probe='holdout', else 0 (set it with stop_probe='train' to log both rates)."
         },
     )
+    forget_scoring: str = field(
+        default="answer",
+        metadata={
+            "help": "Which forget tokens the forget loss and the stopping probe score: 'answer' (every answer or "
+            "text token) or 'continuation' (a prefix of each forget text is context and only its continuation is "
+            "scored, as the MASC reference code's MUSE runs do with --forget_penalty_mode continuation; the cut is "
+            "drawn per example and epoch between continuation_cut_min_ratio and continuation_cut_max_ratio of the "
+            "scored tokens, at a fixed place per example for the probes)."
+        },
+    )
+    continuation_cut_min_ratio: float = field(
+        default=0.2,
+        metadata={"help": "forget_scoring='continuation': smallest fraction of a text's tokens given as prefix."},
+    )
+    continuation_cut_max_ratio: float = field(
+        default=0.6,
+        metadata={"help": "forget_scoring='continuation': largest fraction of a text's tokens given as prefix."},
+    )
+    continuation_min_prefix_tokens: int = field(
+        default=32,
+        metadata={"help": "forget_scoring='continuation': the prefix is at least this many tokens."},
+    )
+    continuation_min_suffix_tokens: int = field(
+        default=32,
+        metadata={
+            "help": "forget_scoring='continuation': the scored continuation is at least this many tokens; a text "
+            "shorter than prefix + suffix minimum is scored whole."
+        },
+    )
     probe_size: int = field(
         default=64,
         metadata={"help": "At most this many forget (and retain) examples are probed each time."},
@@ -339,6 +369,18 @@ class UnlearnConfig(TrainingArguments):
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
         if self.competitor_source not in COMPETITOR_SOURCES:
             raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
+        if self.forget_scoring not in FORGET_SCORINGS:
+            raise ValueError(f"forget_scoring must be one of {FORGET_SCORINGS}, got {self.forget_scoring!r}.")
+        if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:
+            raise ValueError(
+                "continuation_cut_min_ratio and continuation_cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
+                f"{self.continuation_cut_min_ratio} and {self.continuation_cut_max_ratio}."
+            )
+        if self.continuation_min_prefix_tokens < 0 or self.continuation_min_suffix_tokens < 1:
+            raise ValueError(
+                "continuation_min_prefix_tokens must be >= 0 and continuation_min_suffix_tokens >= 1, got "
+                f"{self.continuation_min_prefix_tokens} and {self.continuation_min_suffix_tokens}."
+            )
         if self.stop_probe not in STOP_PROBES:
             raise ValueError(f"stop_probe must be one of {STOP_PROBES}, got {self.stop_probe!r}.")
         if self.masc_k < 1:

@@ -7,8 +7,11 @@ form transformers' ``Trainer`` and TRL's ``SFTTrainer`` (completion-only loss) a
 from __future__ import annotations
 
 import contextlib
+import math
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import random
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,6 +54,85 @@ def tokenize_qa(
             f"question starts {question[:60]!r}. Shorten it or raise max_length."
         )
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
+
+
+def tokenize_text(tokenizer: Any, text: str, max_length: int | None = None) -> dict[str, list[int]]:
+    """Tokenize one plain text (a passage of a book or an article, MUSE's forget corpus) for language modelling:
+    every token is scored except the BOS token the tokenizer may prepend, and an EOS token ends it."""
+    input_ids = _encode(tokenizer, text, add_special_tokens=True)
+    eos = tokenizer.eos_token_id
+    if eos is not None and (not input_ids or input_ids[-1] != eos):
+        input_ids = input_ids + [eos]
+    bos = tokenizer.bos_token_id
+    labels = [IGNORE_INDEX if i == 0 and token == bos else token for i, token in enumerate(input_ids)]
+    if max_length is not None and len(input_ids) > max_length:
+        raise ValueError(
+            f"A text is {len(input_ids)} tokens long, more than max_length={max_length}; it starts "
+            f"{text[:60]!r}. Split it into shorter passages or raise max_length."
+        )
+    return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
+
+
+def continuation_labels(
+    labels: Sequence[int], cut_ratio: float, min_prefix_tokens: int, min_suffix_tokens: int
+) -> list[int]:
+    """Labels that score only the continuation of a forget text: the first ``cut`` scored tokens become ``-100``.
+
+    ``cut = floor(cut_ratio * n)`` for the ``n`` scored tokens, clamped to ``[min_prefix_tokens, n -
+    min_suffix_tokens]``; a text with fewer than ``min_prefix_tokens + min_suffix_tokens`` scored tokens keeps
+    every one. This is the continuation mode of the MASC reference code's MUSE runs (Di Gennaro et al., arXiv
+    2606.02920; reference flag ``--forget_penalty_mode continuation`` with ``--continuation_cut_min_ratio``,
+    ``--continuation_cut_max_ratio``, ``--continuation_min_prefix_tokens``, ``--continuation_min_suffix_tokens``):
+    the prefix is context, only the continuation enters the hinge and the violation rate.
+    """
+    scored = [i for i, label in enumerate(labels) if label != IGNORE_INDEX]
+    if len(scored) < min_prefix_tokens + min_suffix_tokens:
+        return list(labels)
+    cut = max(min_prefix_tokens, min(math.floor(cut_ratio * len(scored)), len(scored) - min_suffix_tokens))
+    masked = list(labels)
+    for position in scored[:cut]:
+        masked[position] = IGNORE_INDEX
+    return masked
+
+
+@dataclass(frozen=True)
+class ContinuationScoring:
+    """Where each forget example is cut under ``forget_scoring="continuation"`` (see :func:`continuation_labels`).
+
+    The MASC reference draws the cut ratio uniformly in ``[min_ratio, max_ratio]`` each time a batch is scored and
+    uses a fixed, hashed one for its probes; here the draw is seeded by (seed, example, epoch), so a resumed run
+    sees the same cuts, and a probe (``epoch=None``) cuts each example at one place for the whole run. Disabled, it
+    returns examples unchanged.
+    """
+
+    enabled: bool = False
+    min_ratio: float = 0.2
+    max_ratio: float = 0.6
+    min_prefix_tokens: int = 32
+    min_suffix_tokens: int = 32
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, config: Any, seed: int) -> ContinuationScoring:
+        return cls(
+            enabled=config.forget_scoring == "continuation",
+            min_ratio=config.continuation_cut_min_ratio,
+            max_ratio=config.continuation_cut_max_ratio,
+            min_prefix_tokens=config.continuation_min_prefix_tokens,
+            min_suffix_tokens=config.continuation_min_suffix_tokens,
+            seed=seed,
+        )
+
+    def cut_ratio(self, index: int, epoch: int | None = None) -> float:
+        return random.Random(f"{self.seed}:{index}:{epoch}").uniform(self.min_ratio, self.max_ratio)
+
+    def __call__(self, example: Mapping[str, Any], index: int, epoch: int | None = None) -> dict[str, Any]:
+        if not self.enabled:
+            return dict(example)
+        labels = continuation_labels(
+            example["labels"], self.cut_ratio(index, epoch), self.min_prefix_tokens, self.min_suffix_tokens
+        )
+        return {**example, "labels": labels}
 
 
 def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
@@ -210,6 +292,44 @@ def build_qa_dataset(
         return dataset.map(encode, desc=f"Tokenizing the {name} set")
 
 
+def build_text_dataset(
+    records: QARecords,
+    tokenizer: Any,
+    text_column: str = "text",
+    max_length: int | None = None,
+    name: str = "forget",
+) -> Dataset:
+    """Tokenize plain-text records (passages of a book, news articles: MUSE's forget corpus) into ``input_ids``/
+    ``attention_mask``/``labels`` with every text token scored (:func:`tokenize_text`).
+
+    ``records``: a :class:`datasets.Dataset`, a list of dicts or a path / Hub id, as for :func:`build_qa_dataset`.
+    The text column is renamed ``text``. To score only continuations (MASC's MUSE setting), set
+    ``forget_scoring="continuation"`` in :class:`~hf_unlearn.config.UnlearnConfig` rather than cutting texts here.
+    """
+    source = os.fspath(records) if isinstance(records, (str, os.PathLike)) else None
+    where = f"The {name} set" + (f" ({source})" if source else "")
+    dataset = as_records_dataset(records, name, (text_column,))
+    if len(dataset) == 0:
+        raise ValueError(f"{where} is empty: there is nothing to {'forget' if name == 'forget' else 'keep'}.")
+    if text_column not in dataset.column_names:
+        raise ValueError(
+            f"{where} has no column {text_column!r}; it has {dataset.column_names}. Pass text_column to name it."
+        )
+    texts = [_text_value(v, text_column, i, where) for i, v in enumerate(dataset[text_column])]
+    empty = [i for i, text in enumerate(texts) if not text.strip()]
+    if empty:
+        raise ValueError(f"{where}: {len(empty)} {text_column!r} value(s) are empty (rows {empty[:5]}); drop them.")
+    if text_column != "text":
+        if "text" in dataset.column_names:
+            dataset = dataset.remove_columns("text")
+        dataset = dataset.rename_column(text_column, "text")
+    with _progress_bars_off():
+        return dataset.map(
+            lambda example: tokenize_text(tokenizer, str(example["text"]), max_length),
+            desc=f"Tokenizing the {name} set",
+        )
+
+
 @contextlib.contextmanager
 def _progress_bars_off() -> Iterator[None]:
     from datasets.utils.logging import disable_progress_bar, enable_progress_bar, is_progress_bar_enabled
@@ -284,10 +404,12 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
         retain: Sequence[Mapping[str, Any]] | None,
         seed: int = 0,
         refusal: Sequence[Mapping[str, Any]] | None = None,
+        forget_labels: Callable[[dict[str, Any], int, int], dict[str, Any]] | None = None,
     ):
         self.forget = forget
         self.retain = retain
         self.refusal = refusal
+        self.forget_labels = forget_labels
         if retain is not None and len(retain) > 0:
             generator = torch.Generator().manual_seed(seed)
             self._retain_order = torch.randperm(len(retain), generator=generator).tolist()
@@ -302,7 +424,10 @@ class ForgetRetainDataset(torch.utils.data.Dataset):
         return len(self.forget)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        item: dict[str, Any] = {"forget": model_inputs(self.forget[index]), "retain": None}
+        forget = model_inputs(self.forget[index])
+        if self.forget_labels is not None:
+            forget = self.forget_labels(forget, index, self.epoch)
+        item: dict[str, Any] = {"forget": forget, "retain": None}
         if self.refusal is not None:
             item["refusal"] = model_inputs(self.refusal[index])
         if self._retain_order:

@@ -236,6 +236,24 @@ def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
     }
 
 
+def chronicles_evaluation_sets(**generate_kwargs: Any) -> dict[str, Any]:
+    """The embedded long-text corpus (:mod:`hf_unlearn.benchmarks.fictitious_chronicles`) in MUSE's shape: VerbMem
+    on the forget passages (first half given), KnowMem on forget and retain towns' QA, and the membership attack on
+    whole forget passages vs never-learned holdout passages."""
+    from .benchmarks.fictitious_chronicles import load_chronicles_split
+
+    def split(name: str) -> Dataset:
+        return load_chronicles_split(name, **generate_kwargs)
+
+    return {
+        "verbmem": split("verbmem_forget").select_columns(["prompt", "continuation"]),
+        "knowmem_forget": split("knowmem_forget").select_columns(["question", "answer"]),
+        "knowmem_retain": split("knowmem_retain").select_columns(["question", "answer"]),
+        "privleak_forget": split("forget").select_columns(["text"]),
+        "privleak_holdout": split("holdout").select_columns(["text"]),
+    }
+
+
 def benchmark_sets(benchmark: str, split: str = "forget10", path: str | None = None) -> dict[str, Any]:
     """The evaluation sets of ``benchmark`` (one of :data:`BENCHMARKS`); ``path`` replaces the Hub id."""
     if benchmark == "embedded":

@@ -272,6 +272,10 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     from .benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
     from .metrics import truth_ratios
 
+    if demo_args.benchmark == "chronicles":
+        return run_chronicles_demo(demo_args, config)
+    if demo_args.benchmark != "fictitious_authors":
+        raise ValueError(f"--benchmark must be fictitious_authors or chronicles, got {demo_args.benchmark!r}.")
     prepare_output_dir(config.output_dir, config.overwrite_output_dir)
     start = time.perf_counter()
     model, tokenizer, learn_info = learn_target_model(
@@ -325,6 +329,88 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     if trainer.is_world_process_zero():
         write_report(trainer.record, config.output_dir)
         print(f"Demo finished in {trainer.record.extra['demo_seconds']:.0f} s.")
+    return trainer
+
+
+#: MUSE's metrics as the chronicles demo reports them: (key of evaluate_muse's result, label).
+CHRONICLES_METRICS = (
+    ("verbmem_forget", "VerbMem forget"),
+    ("knowmem_forget", "KnowMem forget"),
+    ("knowmem_retain", "KnowMem retain"),
+)
+
+
+def muse_table(columns: dict[str, dict[str, Any]], attack: str = "min_k") -> str:
+    """MUSE's metrics of several evaluations (``{"target": evaluate_muse(...), ...}``) side by side."""
+    lines = ["| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for key, label in CHRONICLES_METRICS:
+        values = [c.get(key) for c in columns.values()]
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + " |")
+    for key, label in (("auc", f"{attack} AUC (forget vs holdout)"), ("privleak", f"PrivLeak ({attack}, %)")):
+        values = [(c.get(key) or {}).get(attack) for c in columns.values()]
+        spec = "+.1f" if key == "privleak" else ".3f"
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else format(v, spec) for v in values) + " |")
+    return "\n".join(lines)
+
+
+def run_chronicles_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
+    """`hf-unlearn demo --benchmark chronicles`: learn the fictitious chronicles (passages whose facts recur), then
+    forget the forget towns' passages, and measure MUSE's metrics before, after and on the retain-only model."""
+    from .benchmarks import learn_chronicles_target_model, load_chronicles_split
+    from .data import build_text_dataset
+    from .evaluation import chronicles_evaluation_sets, evaluate_muse
+
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir)
+    start = time.perf_counter()
+    learn = dict(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture, show_progress=False)
+    model, tokenizer, learn_info = learn_chronicles_target_model(**learn)
+    reference_model, _, _ = learn_chronicles_target_model(**learn, learn_split="retain")
+    sets = chronicles_evaluation_sets()
+    reference = evaluate_muse(reference_model, tokenizer, sets)
+    before = evaluate_muse(model, tokenizer, sets, retrained_auc=reference["auc"])
+    forget = build_text_dataset(load_chronicles_split("forget"), tokenizer)
+    retain = build_text_dataset(load_chronicles_split("retain"), tokenizer, name="retain")
+    calibration = (
+        build_text_dataset(load_chronicles_split("calibration"), tokenizer, name="calibration")
+        if demo_args.calibrate
+        else None
+    )
+    trainer = UnlearnTrainer(
+        model=model,
+        args=config,
+        train_dataset=forget,
+        retain_dataset=retain,
+        processing_class=tokenizer,
+        calibration_dataset=calibration,
+    )
+    trainer.train()
+    after = evaluate_muse(trainer.model, tokenizer, sets, retrained_auc=reference["auc"])
+    record = trainer.record
+    for part, name in (("forget", "forget"), ("retain", "retain"), ("calibration", "calibration")):
+        described = getattr(record, f"{part}_dataset")
+        if described is not None:
+            described["name"] = f"hf_unlearn fictitious chronicles / {name}"
+    record.update(
+        evaluation={"muse": {"before": before, "after": after, "retain_only": reference}},
+        extra=dict(
+            record.extra,
+            benchmark="chronicles",
+            target_model={k: v for k, v in learn_info.items() if k != "verbmem_history"},
+            demo_seconds=time.perf_counter() - start,
+        ),
+    )
+    trainer.save_model(config.output_dir)
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(config.output_dir)
+        write_report(record, config.output_dir)
+        table = muse_table({"target": before, "unlearned": after, "retain-only": reference})
+        with open(os.path.join(config.output_dir, "muse.md"), "w") as f:
+            f.write(table + "\n")
+        print("\n" + table)
+        print(
+            f"\n{config.method}: {record.stop_reason}; {record.wall_seconds:.1f} s. "
+            f"Demo finished in {record.extra['demo_seconds']:.0f} s."
+        )
     return trainer
 
 
@@ -401,6 +487,78 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     )
     trainer.save_model(config.output_dir)
     return trainer
+
+
+def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
+    """`hf-unlearn sequence`: forget requests one after another (:func:`hf_unlearn.sequence.unlearn_sequentially`).
+
+    Without ``--model`` it runs on the embedded benchmark: its target model, one request per author of the forget
+    split, the matching retain split and the calibration authors. Everything given is read and checked before the
+    first request trains."""
+    from .sequence import sequence_markdown, unlearn_sequentially
+
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir)
+    start = time.perf_counter()
+    peft_config = None
+    if sequence_args.lora_r > 0:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=sequence_args.lora_r,
+            lora_alpha=2 * sequence_args.lora_r,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            task_type="CAUSAL_LM",
+        )
+    if sequence_args.model is None:
+        from .benchmarks import learn_target_model, load_split, retain_split_for
+
+        if sequence_args.requests:
+            raise ValueError("--requests are forget sets of your own model: give --model too.")
+        forget = load_split(sequence_args.split)
+        authors = list(dict.fromkeys(forget["author"]))
+        if not 1 <= sequence_args.num_requests <= len(authors):
+            raise ValueError(
+                f"--num_requests must be between 1 and {len(authors)}: {sequence_args.split} has {len(authors)} "
+                "authors, one request each."
+            )
+        requests = [
+            (f"author {name}", forget.filter(lambda r, name=name: r["author"] == name))
+            for name in authors[: sequence_args.num_requests]
+        ]
+        retain = load_split(retain_split_for(sequence_args.split))
+        calibration = load_split("calibration")
+        model, tokenizer, _ = learn_target_model(
+            cache_dir=sequence_args.cache_dir, architecture=sequence_args.architecture
+        )
+    else:
+        if not sequence_args.requests:
+            raise ValueError("Give the forget requests in order: --requests first.json second.json ...")
+        requests = [
+            (os.path.splitext(os.path.basename(os.path.normpath(path)))[0], load_records(path))
+            for path in sequence_args.requests
+        ]
+        retain = load_records(sequence_args.retain_data) if sequence_args.retain_data else None
+        calibration = load_records(sequence_args.calibration_data) if sequence_args.calibration_data else None
+        model, tokenizer = load_model_and_tokenizer(sequence_args.model)
+    result = unlearn_sequentially(
+        model,
+        tokenizer,
+        requests,
+        retain,
+        config,
+        peft_config=peft_config,
+        calibration_records=calibration,
+        prompt_template=sequence_args.prompt_template,
+        question_column=sequence_args.question_column,
+        answer_column=sequence_args.answer_column,
+        max_eval_examples=sequence_args.max_eval_examples,
+    )
+    print("\n" + sequence_markdown(result))
+    print(
+        f"\nSequence of {len(requests)} requests in {time.perf_counter() - start:.0f} s. Written: "
+        f"{', '.join(result.paths.values())}"
+    )
+    return result
 
 
 def run_quant_check_job(cli: Any) -> dict:

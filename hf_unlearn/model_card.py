@@ -36,6 +36,7 @@ TEMPLATE = """
 {robustness}
 {quantization}
 {relearning}
+{ledger}
 ## How to use
 
 ```python
@@ -164,6 +165,25 @@ def _relearning_section(relearning: dict | None) -> str:
     )
 
 
+def _ledger_section(record: UnlearnRecord) -> str:
+    """Every unlearning request this model went through, this run's last (``unlearning_ledger.json``)."""
+    from .ledger import full_ledger, ledger_markdown
+
+    entries = full_ledger(record)
+    earlier = len(entries) - 1
+    note = (
+        f"This model had been unlearned {earlier} time{'s' if earlier > 1 else ''} before this run. "
+        if earlier
+        else ""
+    )
+    return (
+        "## Unlearning requests\n\n"
+        f"{note}Each forget set is named by a hash of its content, never by the data itself.\n\n"
+        + ledger_markdown(entries)
+        + "\n"
+    )
+
+
 def _quantization_section(quantization: dict | None) -> str:
     if not quantization:
         return ""
@@ -205,6 +225,7 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         quantization=_quantization_section(record.quantization),
         relearning=_relearning_section(record.relearning),
         robustness=_robustness_section(record.audit),
+        ledger=_ledger_section(record),
         usage=_usage(record, location),
         references=references or "-",
     )

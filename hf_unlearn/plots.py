@@ -80,3 +80,28 @@ def plot_truth_ratio_histogram(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_sustainability(history: Sequence[Mapping[str, Any]], path: str) -> str:
+    """MUSE's sustainability view (Shi et al., arXiv 2407.06460, §3.2) of a request sequence: after each request,
+    the retain ROUGE-L (utility) and every request's forget ROUGE-L; a request's line is solid from its own run on.
+    ``history`` is :attr:`hf_unlearn.sequence.SequenceResult.history`."""
+    plt = _pyplot()
+    steps = [point["after_request"] for point in history]
+    names = list(history[0]["forget"])
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    if "retain" in history[0]:
+        ax.plot(steps, [p["retain"]["rouge_l_recall"] for p in history], "k-o", linewidth=2, label="retain (utility)")
+    for k, name in enumerate(names, start=1):
+        values = [p["forget"][name]["rouge_l_recall"] for p in history]
+        (line,) = ax.plot(steps[: k + 1], values[: k + 1], ":", marker=".")
+        ax.plot(steps[k:], values[k:], "-o", color=line.get_color(), label=f"forget: {name}")
+    ax.set_xticks(steps, ["start"] + [f"after {k}" for k in steps[1:]])
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("ROUGE-L recall")
+    ax.set_title("Sequential unlearning: utility and earlier requests")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -56,6 +56,11 @@ class UnlearnRecord:
         relearning: the result of :func:`hf_unlearn.relearn.check_relearning_robustness`, when run.
         audit: the verdicts of :func:`hf_unlearn.audit.run_audit` (and its membership part), when run.
         extra: anything else a job records (benchmark, split, target model).
+        forget_fingerprint: ``sha256:...`` of the forget set's content (:func:`hf_unlearn.ledger.
+            forget_set_fingerprint`), what the request ledger names the request by.
+        finished_at: when training ended (UTC, ISO 8601); ``None`` in a checkpoint's record.
+        earlier_requests: the ledger entries of the unlearning requests the model had gone through before this run
+            (read from the folder it was loaded from; :mod:`hf_unlearn.ledger`).
     """
 
     method: str
@@ -91,6 +96,9 @@ class UnlearnRecord:
     relearning: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    forget_fingerprint: str | None = None
+    finished_at: str | None = None
+    earlier_requests: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def success(self) -> bool:

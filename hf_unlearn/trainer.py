@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 import torch
@@ -25,12 +27,14 @@ from .callbacks import ViolationStoppingCallback
 from .config import UnlearnConfig, sharded_surgery_error
 from .data import (
     IGNORE_INDEX,
+    ContinuationScoring,
     ForgetRetainCollator,
     ForgetRetainDataset,
     ensure_pad_token,
     model_inputs,
     split_holdout,
 )
+from .ledger import forget_set_fingerprint, full_ledger, load_ledger, save_ledger
 from .margin import (
     calibration_gap,
     exact_reproduction_bound,
@@ -82,11 +86,25 @@ STOPPING_HYPERPARAMETERS = (
     "running_probe",
 )
 GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure", "keep_best_state")
+CONTINUATION_HYPERPARAMETERS = (
+    "forget_scoring",
+    "continuation_cut_min_ratio",
+    "continuation_cut_max_ratio",
+    "continuation_min_prefix_tokens",
+    "continuation_min_suffix_tokens",
+)
 PARTS = ("forget", "retain")
 
 
 def _is_peft_model(model: nn.Module) -> bool:
     return PeftModel is not None and isinstance(model, PeftModel)
+
+
+def _loaded_from(model: nn.Module) -> str | None:
+    """The local folder the (base) model was loaded from, if it was loaded from one."""
+    base = model.get_base_model() if _is_peft_model(model) else model
+    path = getattr(getattr(base, "config", None), "_name_or_path", None) or None
+    return path if path and os.path.isdir(path) else None
 
 
 def _check_examples(dataset: Sequence[Mapping[str, Any]], name: str) -> None:
@@ -337,13 +355,22 @@ class UnlearnTrainer(Trainer):
             len(train_dataset), args.holdout_fraction, args.data_seed or args.seed
         )
         forget_train = [train_dataset[i] for i in trained_idx]
-        self.holdout_examples = [model_inputs(train_dataset[i]) for i in holdout_idx]
-        self.probe_examples = self._sample(forget_train, args.probe_size, args.seed)
+        # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
+        # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
+        self._score_forget = ContinuationScoring.from_config(args, args.data_seed or args.seed)
+        self.holdout_examples = [self._score_forget(model_inputs(train_dataset[i]), i) for i in holdout_idx]
+        self.probe_examples = [
+            self._score_forget(example, i)
+            for i, example in enumerate(self._sample(forget_train, args.probe_size, args.seed))
+        ]
         self.retain_probe_examples = (
             self._sample(retain_dataset, args.probe_size, args.seed + 1) if retain_dataset is not None else []
         )
         self.calibration_examples = (
-            self._sample(calibration_dataset, args.probe_size, args.seed + 2)
+            [
+                self._score_forget(example, i)
+                for i, example in enumerate(self._sample(calibration_dataset, args.probe_size, args.seed + 2))
+            ]
             if calibration_dataset is not None
             else []
         )
@@ -359,6 +386,10 @@ class UnlearnTrainer(Trainer):
             ]
         # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
         self.forget_records = train_dataset
+        # The request ledger: this forget set's fingerprint, and the requests the model went through before
+        # (the ledger of the folder it was loaded from; set it directly to chain runs in memory).
+        self.forget_fingerprint = forget_set_fingerprint(train_dataset)
+        self.earlier_requests: list[dict[str, Any]] = load_ledger(_loaded_from(model))
         self.retain_records = retain_dataset
         self._datasets = {
             "forget_dataset": {
@@ -376,6 +407,7 @@ class UnlearnTrainer(Trainer):
             retain_dataset if self.retain_objective is not None else None,
             seed=args.seed,
             refusal=refusals,
+            forget_labels=self._score_forget if args.forget_scoring == "continuation" else None,
         )
         pad_id = (
             0 if processing_class is None or processing_class.pad_token_id is None else processing_class.pad_token_id
@@ -961,6 +993,8 @@ class UnlearnTrainer(Trainer):
             names += STOPPING_HYPERPARAMETERS
         if args.probe_interval > 0:
             names += GUARD_HYPERPARAMETERS
+        if args.forget_scoring != "answer":
+            names += CONTINUATION_HYPERPARAMETERS
         # Enum settings (scheduler, optimizer) are recorded by their value, as written in a config.
         hyperparameters = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
         papers = [objective.paper for objective in self._objectives() if objective.paper is not None]
@@ -1004,6 +1038,9 @@ class UnlearnTrainer(Trainer):
             exact_reproduction_bound=self.exact_reproduction_bound() if final else None,
             wall_seconds=self._train_seconds,
             complete=final,
+            forget_fingerprint=self.forget_fingerprint,
+            finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds") if final else None,
+            earlier_requests=list(self.earlier_requests),
             **self._datasets,
         )
         if previous is not None:  # measurements added from outside (before/after, quantization) stay
@@ -1100,6 +1137,7 @@ class UnlearnTrainer(Trainer):
 
         record = self.record if self.record.complete else self._make_record(final=False)
         record.save(output_dir)
+        save_ledger(full_ledger(record), output_dir)
         write_model_card(record, output_dir, repo_id=self.args.hub_model_id)
         model = self.accelerator.unwrap_model(self.model)
         if _is_peft_model(model):

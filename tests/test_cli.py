@@ -153,3 +153,45 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     assert audit["membership"]["verdict"] in ("under-unlearned", "like retraining", "over-unlearned")
     assert "## Robustness" in (out / "README.md").read_text()
     assert json.loads((out / "unlearn_record.json").read_text())["audit"]["verdicts"] == audit["verdicts"]
+
+
+@pytest.mark.slow
+def test_sequence_of_requests_on_the_embedded_benchmark(tmp_path):
+    """`hf-unlearn sequence` with no data: one request per forget author, each stopping itself, all re-measured."""
+    out = tmp_path / "sequence"
+    assert main(["sequence", "--output_dir", str(out), "--num_requests", "2", "--disable_tqdm", "true"]) == 0
+    saved = json.loads((out / "sequence.json").read_text())
+    authors = list(dict.fromkeys(load_split("forget10")["author"]))[:2]
+    assert saved["requests"] == [f"author {a}" for a in authors]
+    assert [p["after_request"] for p in saved["history"]] == [0, 1, 2]
+    first = saved["requests"][0]
+    assert (
+        saved["history"][1]["forget"][first]["rouge_l_recall"] < saved["history"][0]["forget"][first]["rouge_l_recall"]
+    )
+    ledger = json.loads((out / "unlearning_ledger.json").read_text())["requests"]
+    assert [e["request"] for e in ledger] == [1, 2] and all(e["stop_kind"] == "target" for e in ledger)
+    assert (out / "sustainability.png").stat().st_size > 10_000
+    assert "## Unlearning requests" in (out / "README.md").read_text()
+
+
+def test_sequence_refuses_requests_without_a_model(tmp_path, capsys):
+    assert main(["sequence", "--output_dir", str(tmp_path / "s"), "--requests", "a.json"]) == 1
+    assert "give --model too" in capsys.readouterr().err
+    model = tmp_path / "model"
+    assert main(["sequence", "--output_dir", str(tmp_path / "s"), "--model", str(model)]) == 1
+    assert "--requests first.json" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_chronicles_demo_runs_offline(tmp_path):
+    """`hf-unlearn demo --benchmark chronicles`: learn the long-text corpus, forget two towns, MUSE's metrics."""
+    out = tmp_path / "chronicles"
+    assert main(["demo", "--benchmark", "chronicles", "--output_dir", str(out), "--disable_tqdm", "true"]) == 0
+    record = json.loads((out / "unlearn_record.json").read_text())
+    assert record["extra"]["benchmark"] == "chronicles" and record["stop_kind"] == "target"
+    muse = record["evaluation"]["muse"]
+    assert muse["before"]["verbmem_forget"] > 0.9 and muse["after"]["verbmem_forget"] < 0.5
+    assert muse["after"]["knowmem_retain"] > 0.8
+    assert muse["before"]["privleak"]["min_k"] < -50  # the target remembers its forget passages
+    assert "| VerbMem forget |" in (out / "muse.md").read_text()
+    assert record["forget_dataset"]["name"] == "hf_unlearn fictitious chronicles / forget"

@@ -1,7 +1,10 @@
 """Embedded benchmarks: the fictitious authors (a TOFU-shaped, offline benchmark,
 :mod:`hf_unlearn.benchmarks.fictitious_authors`) and the models learned on it
-(:mod:`hf_unlearn.benchmarks.target_model`)."""
+(:mod:`hf_unlearn.benchmarks.target_model`); the fictitious chronicles (a MUSE-shaped long-text corpus whose facts
+recur across passages, :mod:`hf_unlearn.benchmarks.fictitious_chronicles`) and its learn stage
+(:mod:`hf_unlearn.benchmarks.chronicles_target`)."""
 
+from hf_unlearn.benchmarks.chronicles_target import learn_chronicles_target_model
 from hf_unlearn.benchmarks.fictitious_authors import (
     BENCHMARK_VERSION,
     SPLIT_NAMES,
@@ -9,6 +12,12 @@ from hf_unlearn.benchmarks.fictitious_authors import (
     generate_benchmark,
     load_split,
     retain_split_for,
+)
+from hf_unlearn.benchmarks.fictitious_chronicles import (
+    CHRONICLES_SPLIT_NAMES,
+    build_chronicles_tokenizer,
+    generate_chronicles,
+    load_chronicles_split,
 )
 from hf_unlearn.benchmarks.target_model import (
     default_cache_dir,
@@ -20,6 +29,11 @@ from hf_unlearn.benchmarks.target_model import (
 
 __all__ = [
     "BENCHMARK_VERSION",
+    "CHRONICLES_SPLIT_NAMES",
+    "build_chronicles_tokenizer",
+    "generate_chronicles",
+    "learn_chronicles_target_model",
+    "load_chronicles_split",
     "SPLIT_NAMES",
     "build_tokenizer",
     "default_cache_dir",

@@ -30,6 +30,7 @@ __all__ = [
     "load_split",
     "retain_split_for",
     "tokenizer_corpus",
+    "train_bpe_tokenizer",
 ]
 
 #: Bumped whenever what the target model learns from changes (tokenizer corpus, learned records, model, recipe),
@@ -582,6 +583,12 @@ def build_tokenizer(
     """
     if records is None:
         records = tokenizer_corpus()
+    return train_bpe_tokenizer(_benchmark_texts(records), vocab_size)
+
+
+def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast`` with the special
+    tokens of :func:`build_tokenizer` (also what the other embedded benchmarks' tokenizers are built with)."""
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -591,7 +598,7 @@ def build_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    backend.train_from_iterator(_benchmark_texts(records), trainer=trainer)
+    backend.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS_TOKEN,

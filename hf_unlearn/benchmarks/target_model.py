@@ -389,19 +389,7 @@ def learn_target_model(
             "settings": settings,
             "transformers_version": transformers.__version__,
         }
-        shutil.rmtree(staging / "trainer", ignore_errors=True)
-        model.config.use_cache = True  # TRL turns it off for training; a saved model should generate with it
-        with _progress_bars(show_progress):
-            model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / "info.json").write_text(json.dumps(info, indent=2))
-        try:
-            os.rename(staging, path)
-        except OSError:
-            # Another process cached the same settings meanwhile; keep theirs.
-            if not (path / "info.json").is_file():
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
+        _store_in_cache(model, tokenizer, info, staging, path, show_progress)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -410,6 +398,26 @@ def learn_target_model(
     model, tokenizer = _load_cached(path, show_progress)
     info.update(cached=False, path=str(path))
     return model, tokenizer, info
+
+
+def _store_in_cache(
+    model: PreTrainedModel, tokenizer: Any, info: dict[str, Any], staging: Path, path: Path, show_progress: bool
+) -> None:
+    """Save a learned model, its tokenizer and ``info.json`` into ``staging``, then move it to ``path`` in one
+    rename, so a cache folder is either complete or absent."""
+    shutil.rmtree(staging / "trainer", ignore_errors=True)
+    model.config.use_cache = True  # TRL turns it off for training; a saved model should generate with it
+    with _progress_bars(show_progress):
+        model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / "info.json").write_text(json.dumps(info, indent=2))
+    try:
+        os.rename(staging, path)
+    except OSError:
+        # Another process cached the same settings meanwhile; keep theirs.
+        if not (path / "info.json").is_file():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _load_cached(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any]:

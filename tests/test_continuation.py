@@ -1,0 +1,155 @@
+"""MASC's continuation mode (forget_scoring='continuation'): the cut, the training batches, the probes, the loss."""
+
+import math
+
+import pytest
+import torch
+from conftest import make_example, make_tiny_model, memorize
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn.data import ContinuationScoring, continuation_labels, pad_examples, tokenize_text
+from hf_unlearn.margin import restricted_margin, shift_for_causal_lm
+
+IGNORE = -100
+
+
+def test_cut_counts_scored_tokens_and_is_clamped():
+    labels = [IGNORE, IGNORE, 5, 6, 7, 8, 9, 10, 11, 12]  # 8 scored tokens
+    # floor(0.5 * 8) = 4 scored tokens become context.
+    assert continuation_labels(labels, 0.5, 2, 2) == [IGNORE] * 6 + [9, 10, 11, 12]
+    # floor(0.1 * 8) = 0 is raised to the minimum prefix of 2.
+    assert continuation_labels(labels, 0.1, 2, 2) == [IGNORE] * 4 + [7, 8, 9, 10, 11, 12]
+    # floor(0.95 * 8) = 7 would leave 1 scored token: lowered so that 2 remain.
+    assert continuation_labels(labels, 0.95, 2, 2) == [IGNORE] * 8 + [11, 12]
+    # 8 < 5 + 4: too short to split, every token stays scored.
+    assert continuation_labels(labels, 0.5, 5, 4) == labels
+
+
+def test_scoring_is_seeded_per_example_and_epoch():
+    scoring = ContinuationScoring(enabled=True, min_ratio=0.2, max_ratio=0.6, min_prefix_tokens=1, min_suffix_tokens=1)
+    ratios = {scoring.cut_ratio(i, e) for i in range(20) for e in (None, 0, 1)}
+    assert all(0.2 <= r <= 0.6 for r in ratios) and len(ratios) == 60
+    assert scoring.cut_ratio(3, 1) == ContinuationScoring(enabled=True).cut_ratio(3, 1)  # same seed, same cut
+    assert scoring.cut_ratio(3, 1) != ContinuationScoring(enabled=True, seed=1).cut_ratio(3, 1)
+    example = make_example(0, length=40, prompt=2)
+    assert ContinuationScoring()(example, 0)["labels"] == example["labels"]  # disabled: unchanged
+
+
+def config(tmp_path, **overrides):
+    values = dict(
+        output_dir=str(tmp_path),
+        method="masc",
+        forget_scoring="continuation",
+        continuation_min_prefix_tokens=4,
+        continuation_min_suffix_tokens=4,
+        max_steps=4,
+        per_device_train_batch_size=4,
+        probe_interval=2,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        retain_loss="none",
+    )
+    values.update(overrides)
+    return UnlearnConfig(**values)
+
+
+@pytest.fixture
+def texts():
+    """Plain texts: every token after the first is scored, as tokenize_text makes them."""
+    return [make_example(i, length=30, prompt=1) for i in range(8)]
+
+
+def test_training_batches_score_only_a_continuation_that_changes_with_the_epoch(tmp_path, texts):
+    trainer = UnlearnTrainer(make_tiny_model(), config(tmp_path), texts)
+    dataset = trainer.train_dataset
+    first = dataset[0]["forget"]["labels"]
+    original = texts[0]["labels"]  # no holdout: the dataset's first forget example is the first text
+    scored = [i for i, label in enumerate(first) if label != IGNORE]
+    assert 4 <= len(scored) <= 29 - 4 and scored == list(range(scored[0], 30))  # one contiguous suffix
+    assert [first[i] for i in scored] == [original[i] for i in scored]
+    cuts = set()
+    for epoch in range(6):
+        dataset.set_epoch(epoch)
+        cuts.add(sum(label == IGNORE for label in dataset[0]["forget"]["labels"]))
+    assert len(cuts) > 1  # a new cut each epoch
+    # The probe's cut is fixed: the same examples every time they are read.
+    assert trainer.probe_examples == UnlearnTrainer(make_tiny_model(), config(tmp_path), texts).probe_examples
+    assert all(sum(label != IGNORE for label in e["labels"]) < 29 for e in trainer.probe_examples)
+    assert "continuation_cut_min_ratio" in trainer._make_record(final=False).hyperparameters
+
+
+def test_answer_scoring_leaves_examples_whole(tmp_path, texts):
+    trainer = UnlearnTrainer(make_tiny_model(), config(tmp_path, forget_scoring="answer"), texts)
+    assert trainer.train_dataset[0]["forget"]["labels"] == texts[0]["labels"]
+    assert [e["labels"] for e in trainer.probe_examples] == [e["labels"] for e in texts]
+    assert "continuation_cut_min_ratio" not in trainer._make_record(final=False).hyperparameters
+
+
+def test_probe_violation_rate_is_the_suffix_fraction_by_hand(tmp_path, texts):
+    """The stopping probe's rate, against margins of the whole text restricted to the continuation by hand."""
+    model = memorize(make_tiny_model(), texts, steps=12)  # partly learned: some tokens violate, some do not
+    trainer = UnlearnTrainer(model, config(tmp_path, masc_k=3, masc_rho=0.5), texts)
+    measured = trainer.measure_margins(trainer.probe_examples)["fractions"]
+    scoring = trainer._score_forget
+    expected = []
+    for i, text in enumerate(texts):
+        ids = torch.tensor([text["input_ids"]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        shifted, labels = shift_for_causal_lm(logits, torch.tensor([text["labels"]]))
+        margins = restricted_margin(shifted, labels, k=3).margins[0]
+        n = 29  # scored tokens of a 30-token text whose first token is context
+        cut = max(4, min(math.floor(scoring.cut_ratio(i) * n), n - 4))
+        suffix = margins[cut:]  # shifted position j predicts token j + 1; scored tokens start at position 0
+        expected.append((suffix > 0.0).float().mean().item())  # tau = log(0.5 / 0.5) = 0
+    assert measured.tolist() == pytest.approx(expected, abs=1e-6)
+    assert 0.0 < sum(expected) / len(expected) < 1.0
+    # The whole-text rate differs, so the test would notice the cut being ignored.
+    whole = UnlearnTrainer(model, config(tmp_path, masc_k=3, masc_rho=0.5, forget_scoring="answer"), texts)
+    assert whole.measure_margins(whole.probe_examples)["fractions"].tolist() != pytest.approx(expected, abs=1e-6)
+
+
+def test_masc_loss_is_the_hinge_over_the_continuation(tmp_path, texts):
+    """The trainer's forget loss on a batch equals the buffered hinge over the batch's continuation tokens only."""
+    model = memorize(make_tiny_model(), texts, steps=12)
+    args = config(tmp_path, masc_k=3, masc_rho=0.5, masc_eta=0.5, forget_weight=1.0)
+    trainer = UnlearnTrainer(model, args, texts)
+    batch = [trainer.train_dataset[i]["forget"] for i in range(4)]
+    padded = pad_examples(batch, 0)
+    with torch.no_grad():
+        logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+        shifted, labels = shift_for_causal_lm(logits, padded["labels"])
+        result = restricted_margin(shifted, labels, k=3)
+        hand = (torch.relu(result.margins - (0.0 - 0.5)) / 0.5)[result.mask].mean().item()
+        loss = trainer.compute_loss(model, {"forget": padded, "retain": None})
+    assert loss.item() == pytest.approx(hand, rel=1e-5) and hand > 0
+    full = pad_examples(texts[:4], 0)
+    with torch.no_grad():
+        whole = trainer.compute_loss(model, {"forget": full, "retain": None})
+    assert whole.item() != pytest.approx(hand, rel=1e-5)
+
+
+def test_tokenize_text_scores_every_token_but_bos():
+    from hf_unlearn.benchmarks import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    encoded = tokenize_text(tokenizer, "Quiet rivers run past the mill.")
+    assert encoded["input_ids"][0] == tokenizer.bos_token_id and encoded["labels"][0] == IGNORE
+    assert encoded["labels"][1:] == encoded["input_ids"][1:] and encoded["input_ids"][-1] == tokenizer.eos_token_id
+    with pytest.raises(ValueError, match="max_length=4"):
+        tokenize_text(tokenizer, "Quiet rivers run past the mill.", max_length=4)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"forget_scoring": "prefix"}, "forget_scoring must be one of"),
+        ({"continuation_cut_min_ratio": 0.7}, "0 <= min <= max <= 1"),
+        ({"continuation_min_suffix_tokens": 0}, "continuation_min_suffix_tokens >= 1"),
+    ],
+)
+def test_bad_continuation_settings_are_named(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(tmp_path, **overrides)

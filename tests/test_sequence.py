@@ -1,0 +1,120 @@
+"""Sequential unlearning: every request re-measured after each run, earlier ones coming back flagged, the ledger."""
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM
+
+from hf_unlearn import UnlearnConfig
+from hf_unlearn.ledger import forget_set_fingerprint, load_ledger
+from hf_unlearn.sequence import ForgetRequest, earlier_requests_back, sequence_markdown, unlearn_sequentially
+
+
+def point(k, name, **forget):
+    return {"after_request": k, "name": name, "forget": {n: {"rouge_l_recall": v} for n, v in forget.items()}}
+
+
+def test_an_earlier_request_that_comes_back_is_found():
+    history = [point(0, None, a=1.0, b=1.0, c=1.0), point(1, "a", a=0.1, b=0.9, c=1.0)]
+    assert earlier_requests_back(history) == []  # nothing earlier than the first request
+    back = earlier_requests_back([*history, point(2, "b", a=0.3, b=0.2, c=1.0)])
+    assert back == [{"request": "a", "after_request": 2, "own_run": 0.1, "now": 0.3, "rise": pytest.approx(0.2)}]
+    # A rise within the threshold is not a return; a later request's own level is never judged early.
+    assert earlier_requests_back([*history, point(2, "b", a=0.14, b=0.2, c=1.0)]) == []
+    # Compared with the request's value after its own run, not with the start.
+    history3 = [*history, point(2, "b", a=0.1, b=0.2, c=1.0), point(3, "c", a=0.12, b=0.5, c=0.1)]
+    assert [f["request"] for f in earlier_requests_back(history3)] == ["b"]
+
+
+def config(output_dir, **overrides):
+    values = dict(
+        output_dir=str(output_dir),
+        method="masc",
+        max_steps=4,
+        learning_rate=1e-3,
+        per_device_train_batch_size=4,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    values.update(overrides)
+    return UnlearnConfig(**values)
+
+
+def test_three_requests_are_measured_after_each_run_and_ledgered(tmp_path, suppressed_setting):
+    setting = suppressed_setting
+    tokenizer, forget, retain = setting["tokenizer"], setting["forget"], setting["retain"]
+    requests = [ForgetRequest("first", forget[:4]), ("second", forget[4:7]), {"name": "third", "records": forget[7:]}]
+    result = unlearn_sequentially(
+        copy.deepcopy(setting["target"]), tokenizer, requests, retain, config(tmp_path), max_eval_examples=10
+    )
+    names = ["first", "second", "third"]
+    assert result.requests == names and [p["after_request"] for p in result.history] == [0, 1, 2, 3]
+    for p in result.history:
+        assert set(p["forget"]) == set(names) and p["retain"]["num_examples"] == 10
+    # Earlier requests are measured again on the changed model, not copied forward.
+    assert result.history[2]["forget"]["first"]["probability"] != result.history[1]["forget"]["first"]["probability"]
+    assert all(p["stop_step"] >= 1 for p in result.history[1:])
+    # The ledger: one entry per request, in order, each naming its own forget set.
+    assert [e["request"] for e in result.ledger] == [1, 2, 3] and [e["name"] for e in result.ledger] == names
+    for entry, records in zip(result.ledger, (forget[:4], forget[4:7], forget[7:]), strict=True):
+        assert entry["forget_fingerprint"] == forget_set_fingerprint(records)
+    assert (
+        result.ledger[2]["after"]["forget"]["rouge_l_recall"] == result.history[3]["forget"]["third"]["rouge_l_recall"]
+    )
+    # What was saved: the model (loads back with its ledger), the card, the table, the plot.
+    assert load_ledger(tmp_path) == result.ledger
+    AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    card = open(os.path.join(tmp_path, "README.md")).read()
+    assert "unlearned 2 times before" in card and all(f"| {k} |" in card for k in (1, 2, 3))
+    saved = json.load(open(result.paths["sequence"]))
+    assert saved["history"] == json.loads(json.dumps(result.history))
+    assert open(result.paths["plot"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert "| 3: third |" in sequence_markdown(result)
+    assert os.path.isdir(tmp_path / "request_1") and os.path.isdir(tmp_path / "request_3")
+
+
+def test_lora_requests_are_merged_before_the_next(tmp_path, suppressed_setting):
+    setting = suppressed_setting
+    tokenizer, forget, retain = setting["tokenizer"], setting["forget"], setting["retain"]
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    result = unlearn_sequentially(
+        copy.deepcopy(setting["target"]),
+        tokenizer,
+        [("a", forget[:5]), ("b", forget[5:])],
+        retain,
+        config(tmp_path, learning_rate=1e-2),
+        peft_config=lora,
+        max_eval_examples=5,
+    )
+    assert not hasattr(result.model, "peft_config")  # a plain model, the adapters merged in
+    assert not os.path.exists(tmp_path / "adapter_config.json") and os.path.exists(tmp_path / "config.json")
+    before = dict(setting["target"].named_parameters())
+    changed = [n for n, p in result.model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed and all("q_proj" in n or "v_proj" in n for n in changed)
+    assert [e["request"] for e in load_ledger(tmp_path)] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "requests, message",
+    [
+        ([], "No forget request"),
+        ([("a", [{"question": "Q", "answer": "A"}]), ("a", [{"question": "Q2", "answer": "A2"}])], "unique"),
+        ([("a", [{"question": "Q", "answer": "A"}]), ("b", [])], "request 'b'"),
+        (["just a name"], "Request 0 is a str"),
+    ],
+)
+def test_bad_requests_are_refused_before_any_training(tmp_path, suppressed_setting, requests, message):
+    model = copy.deepcopy(suppressed_setting["target"])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises((ValueError, TypeError), match=message):
+        unlearn_sequentially(
+            model, suppressed_setting["tokenizer"], requests, suppressed_setting["retain"], config(tmp_path)
+        )
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not os.path.exists(tmp_path / "request_1")
