@@ -71,6 +71,14 @@ def make_varied_example(seed: int, vocab_size: int = VOCAB) -> dict:
     return {"input_ids": ids, "attention_mask": [1] * length, "labels": [-100] * prompt + ids[prompt:]}
 
 
+def unlearn_config(output_dir, **overrides):
+    """An UnlearnConfig for tests: on the CPU, no reports, no checkpoints, no progress bars, then ``overrides``."""
+    from hf_unlearn import UnlearnConfig
+
+    values = dict(output_dir=str(output_dir), report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True)
+    return UnlearnConfig(**{**values, **overrides})
+
+
 @pytest.fixture
 def forget_examples():
     return [make_example(i) for i in range(8)]

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
-from conftest import make_example, make_tiny_model, memorize
+from conftest import make_example, make_tiny_model, memorize, unlearn_config
 
-from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn import UnlearnTrainer
 from hf_unlearn.data import ContinuationScoring, continuation_labels, pad_examples, tokenize_text
 from hf_unlearn.margin import restricted_margin, shift_for_causal_lm
 
@@ -36,23 +36,22 @@ def test_scoring_is_seeded_per_example_and_epoch():
 
 
 def config(tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path),
-        method="masc",
-        forget_scoring="continuation",
-        continuation_min_prefix_tokens=4,
-        continuation_min_suffix_tokens=4,
-        max_steps=4,
-        per_device_train_batch_size=4,
-        probe_interval=2,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-        retain_loss="none",
+    return unlearn_config(
+        tmp_path,
+        **{
+            **dict(
+                method="masc",
+                forget_scoring="continuation",
+                continuation_min_prefix_tokens=4,
+                continuation_min_suffix_tokens=4,
+                max_steps=4,
+                per_device_train_batch_size=4,
+                probe_interval=2,
+                retain_loss="none",
+            ),
+            **overrides,
+        },
     )
-    values.update(overrides)
-    return UnlearnConfig(**values)
 
 
 @pytest.fixture

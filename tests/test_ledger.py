@@ -4,9 +4,10 @@ import json
 import os
 
 import pytest
+from conftest import unlearn_config
 from transformers import AutoModelForCausalLM
 
-from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
+from hf_unlearn import UnlearnTrainer, build_qa_dataset
 from hf_unlearn.ledger import LEDGER_FILE, forget_set_fingerprint, ledger_markdown, load_ledger
 from hf_unlearn.model_card import build_model_card
 from hf_unlearn.record import UnlearnRecord
@@ -30,17 +31,7 @@ def test_load_ledger_refuses_other_json(tmp_path):
 
 
 def _run(model, tokenizer, forget, retain, output_dir):
-    config = UnlearnConfig(
-        output_dir=str(output_dir),
-        method="masc",
-        max_steps=3,
-        learning_rate=1e-3,
-        per_device_train_batch_size=4,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
-    )
+    config = unlearn_config(output_dir, method="masc", max_steps=3, learning_rate=1e-3, per_device_train_batch_size=4)
     trainer = UnlearnTrainer(
         model,
         config,

@@ -3,9 +3,9 @@
 import json
 
 import pytest
-from conftest import make_example, make_tiny_model
+from conftest import make_example, make_tiny_model, unlearn_config
 
-from hf_unlearn import UnlearnConfig, UnlearnRecord, UnlearnTrainer
+from hf_unlearn import UnlearnRecord, UnlearnTrainer
 from hf_unlearn.report import report_markdown, write_report
 
 FORGET = [make_example(i) for i in range(8)]
@@ -13,19 +13,9 @@ RETAIN = [make_example(1000 + i) for i in range(16)]
 
 
 def config(tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=6,
-        probe_interval=2,
-        learning_rate=3e-3,
-        forget_weight=1.0,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
+    return unlearn_config(
+        tmp_path, **{**dict(max_steps=6, probe_interval=2, learning_rate=3e-3, forget_weight=1.0), **overrides}
     )
-    values.update(overrides)
-    return UnlearnConfig(**values)
 
 
 def test_stop_reasons_say_what_ended_the_run(tmp_path, memorized_llama_state):

@@ -6,10 +6,10 @@ import os
 
 import pytest
 import torch
+from conftest import unlearn_config
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM
 
-from hf_unlearn import UnlearnConfig
 from hf_unlearn.ledger import forget_set_fingerprint, load_ledger
 from hf_unlearn.sequence import ForgetRequest, earlier_requests_back, sequence_markdown, unlearn_sequentially
 
@@ -31,19 +31,10 @@ def test_an_earlier_request_that_comes_back_is_found():
 
 
 def config(output_dir, **overrides):
-    values = dict(
-        output_dir=str(output_dir),
-        method="masc",
-        max_steps=4,
-        learning_rate=1e-3,
-        per_device_train_batch_size=4,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
+    return unlearn_config(
+        output_dir,
+        **{**dict(method="masc", max_steps=4, learning_rate=1e-3, per_device_train_batch_size=4), **overrides},
     )
-    values.update(overrides)
-    return UnlearnConfig(**values)
 
 
 def test_three_requests_are_measured_after_each_run_and_ledgered(tmp_path, suppressed_setting):

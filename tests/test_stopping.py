@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from conftest import make_example, make_tiny_model
+from conftest import make_example, make_tiny_model, unlearn_config
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data import pad_examples
@@ -18,19 +18,9 @@ NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
 
 
 def config(tmp_path, **overrides):
-    values = dict(
-        output_dir=str(tmp_path),
-        max_steps=30,
-        probe_interval=2,
-        learning_rate=3e-3,
-        forget_weight=1.0,
-        report_to="none",
-        save_strategy="no",
-        use_cpu=True,
-        disable_tqdm=True,
+    return unlearn_config(
+        tmp_path, **{**dict(max_steps=30, probe_interval=2, learning_rate=3e-3, forget_weight=1.0), **overrides}
     )
-    values.update(overrides)
-    return UnlearnConfig(**values)
 
 
 def fresh(state):
