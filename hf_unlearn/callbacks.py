@@ -203,3 +203,30 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
             return control
         self._call("good", step)
         return control
+
+
+class ObjectiveStateCallback(TrainerCallback, ExportableState):
+    """State that objectives keep across optimizer steps (PDU's dual variable), saved with every checkpoint and
+    restored on resume. ``states`` maps an objective's name to its state dict; after each optimizer step the
+    trainer-bound update of every stateful objective runs (:meth:`bind`)."""
+
+    def __init__(self, states: dict[str, dict[str, Any]] | None = None) -> None:
+        self.states = states or {}
+        self._update: Any = None
+
+    def bind(self, update: Any) -> None:
+        """``update(states, step)``: the trainer's function that advances every objective's state."""
+        self._update = update
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._update is not None:
+            self._update(self.states, state.global_step)
+        return control
+
+    def state(self) -> dict[str, Any]:
+        # Keys starting with "_" hold work in progress (tensors), not state.
+        saved = {
+            name: {key: value for key, value in values.items() if not key.startswith("_")}
+            for name, values in self.states.items()
+        }
+        return {"args": {}, "attributes": {"states": saved}}

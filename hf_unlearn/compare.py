@@ -40,7 +40,21 @@ from .membership import membership_auc, membership_scores
 from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, truth_ratios
 from .trainer import UnlearnTrainer
 
-BASELINES = ["ga", "graddiff", "npo", "npo_klr", "simnpo", "rmu", "idk_dpo", "undial"]
+BASELINES = [
+    "ga",
+    "graddiff",
+    "npo",
+    "npo_klr",
+    "simnpo",
+    "rmu",
+    "idk_dpo",
+    "undial",
+    "wga",
+    "satimp",
+    "ce_u",
+    "altpo",
+    "pdu",
+]
 
 
 @dataclass

@@ -54,6 +54,7 @@ class LossInputs:
     refusal: LossInputs | None = None
     num_items: torch.Tensor | float | None = None
     calibration_margins: torch.Tensor | None = None
+    state: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,11 @@ class Objective:
     ``hyperparameters``: the config fields the objective reads; ``normalized_by``: one of :data:`NORMALIZATIONS`;
     ``prepare(model, config)``: called once before training, before any weight changes, to refuse a model the
     objective cannot work with or to choose which parameters train; ``needs_calibration(config)``: the calibration
-    set's margins (:attr:`LossInputs.calibration_margins`).
+    set's margins (:attr:`LossInputs.calibration_margins`); ``needs_alternate``: a second batch whose answers are
+    plausible alternatives from the forget records' ``config.alternate_column`` (AltPO), in the same field as the
+    refusal batch; ``initial_state(config)``: the objective keeps state across steps (PDU's dual variable), given to
+    it as :attr:`LossInputs.state`, updated after each optimizer step by ``update_state(state, config, step,
+    reduce_mean)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved).
     """
 
     name: str
@@ -90,6 +95,9 @@ class Objective:
     needs_refusal: bool = False
     prepare: Callable[[Any, Any], None] | None = None
     needs_calibration: Callable[[Any], bool] = lambda _config: False
+    needs_alternate: bool = False
+    initial_state: Callable[[Any], dict[str, Any]] | None = None
+    update_state: Callable[..., None] | None = None
 
 
 FORGET_OBJECTIVES: dict[str, Objective] = {}
@@ -100,7 +108,8 @@ def _register(registry: dict[str, Objective], name: str, needs_reference: bool |
     if options.get("normalized_by", "answer_tokens") not in NORMALIZATIONS:
         raise ValueError(f"normalized_by must be one of {NORMALIZATIONS}, got {options['normalized_by']!r}.")
     unknown = set(options) - {"paper", "hyperparameters", "normalized_by", "needs_hidden_states", "needs_refusal",
-                              "prepare", "needs_calibration"}  # fmt: skip
+                              "prepare", "needs_calibration", "needs_alternate", "initial_state",
+                              "update_state"}  # fmt: skip
     if unknown:
         raise TypeError(f"Unknown objective option(s) {sorted(unknown)}.")
 
@@ -124,8 +133,8 @@ def register_forget_objective(name: str, needs_reference: bool | Callable[[Any],
 def register_retain_objective(name: str, needs_reference: bool | Callable[[Any], bool] = False, **options: Any):
     """Register a retain objective under ``name`` (usable as ``UnlearnConfig(retain_loss=name)``); the options
     are :func:`register_forget_objective`'s, except ``needs_refusal``."""
-    if options.get("needs_refusal"):
-        raise ValueError("Only forget objectives can ask for refusal answers (needs_refusal).")
+    if options.get("needs_refusal") or options.get("needs_alternate"):
+        raise ValueError("Only forget objectives can ask for refusal or alternate answers.")
     return _register(RETAIN_OBJECTIVES, name, needs_reference, **options)
 
 
@@ -339,6 +348,170 @@ def undial_loss(inputs: LossInputs) -> torch.Tensor:
     target = F.softmax(adjusted, dim=-1)
     cross_entropy = -(target * F.log_softmax(logits[mask].float(), dim=-1)).sum(-1)
     return _mean(cross_entropy.sum(), cross_entropy.numel(), inputs)
+
+
+WGA_PAPER = Paper(
+    "Rethinking LLM Unlearning Objectives: A Gradient Perspective and Go Beyond (WGA)",
+    "https://arxiv.org/abs/2502.19301",
+    "Wang et al.",
+)
+
+
+@register_forget_objective("wga", paper=WGA_PAPER, hyperparameters=("wga_beta",))
+def wga_loss(inputs: LossInputs) -> torch.Tensor:
+    """Weighted gradient ascent: ``mean_t sg(p_t)^beta log p_t`` over the answer tokens (WGA, arXiv 2502.19301).
+
+    Each token's ascent is scaled by its own probability (no gradient through the weight), so tokens already
+    unlikely stop being pushed; beta = ``config.wga_beta`` (1). As open-unlearning: one mean over the batch's answer
+    tokens.
+    """
+    log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
+    _require_answer_tokens(mask, inputs)
+    weights = torch.exp(log_probs.detach()).pow(inputs.config.wga_beta)
+    return _mean((weights * log_probs * mask).sum(), mask.sum(), inputs)
+
+
+@register_forget_objective(
+    "satimp",
+    paper=Paper(
+        "Exploring Criteria of Loss Reweighting to Enhance LLM Unlearning (SatImp)",
+        "https://arxiv.org/abs/2505.11953",
+        "Yang et al.",
+    ),
+    hyperparameters=("satimp_beta1", "satimp_beta2"),
+)
+def satimp_loss(inputs: LossInputs) -> torch.Tensor:
+    """Saturation x importance reweighted ascent: ``mean_t sg(p_t)^beta1 sg(1 - p_t)^beta2 log p_t`` (SatImp,
+    arXiv 2505.11953), beta1 = ``config.satimp_beta1`` (5), beta2 = ``config.satimp_beta2`` (1), no gradient through
+    the weights; one mean over the batch's answer tokens, as open-unlearning."""
+    log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
+    _require_answer_tokens(mask, inputs)
+    probs = torch.exp(log_probs.detach())
+    weights = probs.pow(inputs.config.satimp_beta1) * (1.0 - probs).pow(inputs.config.satimp_beta2)
+    return _mean((weights * log_probs * mask).sum(), mask.sum(), inputs)
+
+
+@register_forget_objective(
+    "ce_u",
+    paper=Paper("Cross-Entropy Unlearning (CE-U)", "https://arxiv.org/abs/2503.01224", "Yang"),
+    hyperparameters=("ceu_ignore_first_n_answer_tokens",),
+)
+def ce_u_loss(inputs: LossInputs) -> torch.Tensor:
+    """Cross-entropy to the model's own distribution with the true token removed (CE-U, arXiv 2503.01224).
+
+    At each answer token, the target is ``q = softmax(sg(z))`` with the true token's logit set to -inf, and the loss
+    ``-sum_v q_v log softmax(z)_v``: its gradient on the logits is ``p - q``, whose true-token part ``p_y`` is
+    bounded (no reference model, no extra data). The first ``config.ceu_ignore_first_n_answer_tokens`` (1) answer
+    tokens of each example are not scored, as in open-unlearning. Under the trainer the sum is divided by all the
+    accumulated answer tokens, the skipped ones included (a plain mean over the scored ones without it).
+    """
+    logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
+    mask = labels != IGNORE_INDEX
+    _require_answer_tokens(mask, inputs)
+    skip = inputs.config.ceu_ignore_first_n_answer_tokens
+    if skip > 0:
+        mask = mask & (mask.long().cumsum(-1) > skip)
+    # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
+    answer_logits = logits[mask].float()
+    targets = labels[mask].unsqueeze(-1)
+    without_true = answer_logits.detach().scatter(-1, targets, float("-inf"))
+    q = F.softmax(without_true, dim=-1)
+    cross_entropy = -(q * F.log_softmax(answer_logits, dim=-1)).sum(-1)
+    return _mean(cross_entropy.sum(), cross_entropy.numel(), inputs)
+
+
+@register_forget_objective(
+    "altpo",
+    paper=Paper(
+        "Alternate Preference Optimization for Unlearning Factual Knowledge in Large Language Models (AltPO)",
+        "https://arxiv.org/abs/2409.13474",
+        "Mekala et al.",
+    ),
+    needs_reference=True,
+    hyperparameters=("altpo_beta", "alternate_column"),
+    normalized_by="sequences",
+    needs_alternate=True,
+)
+def altpo_loss(inputs: LossInputs) -> torch.Tensor:
+    """DPO with a plausible alternative answer as the chosen one and the forget answer as the rejected one (AltPO,
+    arXiv 2409.13474): ``-(2/beta) mean log sigmoid(beta [(log pi(a~) - log pi_ref(a~)) - (log pi(a) - log
+    pi_ref(a))])``, sequence-summed log-probabilities, beta = ``config.altpo_beta`` (0.1), as open-unlearning.
+
+    The alternatives come from the forget records' ``config.alternate_column`` (default ``perturbed_answer``, TOFU's
+    answers with changed facts; a list gives example i its (i mod n)-th); the paper samples 5 per question from the
+    model itself.
+    """
+    chosen_batch = inputs.refusal
+    _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
+    chosen = sequence_log_prob(chosen_batch.logits, chosen_batch.labels) - sequence_log_prob(
+        chosen_batch.reference_logits, chosen_batch.labels
+    )
+    rejected = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
+        inputs.reference_logits, inputs.labels
+    )
+    beta = inputs.config.altpo_beta
+    losses = -(2.0 / beta) * F.logsigmoid(beta * (chosen - rejected))
+    return _mean(losses.sum(), losses.numel(), inputs)
+
+
+PDU_PAPER = Paper(
+    "Constrained Entropic Unlearning: A Primal-Dual Framework for Large Language Models (PDU)",
+    "https://arxiv.org/abs/2506.05314",
+    "Entesari et al.",
+)
+
+
+@register_forget_objective("pdu", paper=PDU_PAPER)
+def pdu_forget_loss(inputs: LossInputs) -> torch.Tensor:
+    """Logit-margin flattening: ``mean_t (max_v z_t,v - mean_v z_t,v)^2`` at the positions that predict answer
+    tokens (PDU, arXiv 2506.05314): the output distribution there is driven towards uniform. open-unlearning masks
+    the unshifted positions (it skips the prediction of the first answer token); we score every answer token."""
+    logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
+    mask = labels != IGNORE_INDEX
+    _require_answer_tokens(mask, inputs)
+    answer_logits = logits[mask].float()
+    flatness = (answer_logits.amax(-1) - answer_logits.mean(-1)).pow(2)
+    return _mean(flatness.sum(), flatness.numel(), inputs)
+
+
+def _pdu_initial_state(config: Any) -> dict[str, Any]:
+    return {"dual": float(config.pdu_dual_init), "epsilon": config.pdu_epsilon, "last_retain_loss": None, "updates": 0}
+
+
+def _pdu_update_state(
+    state: dict[str, Any], config: Any, step: int, reduce_mean: Callable[[torch.Tensor], Any]
+) -> None:
+    """The dual ascent step after an optimizer step: ``lambda <- max(0, lambda + eta (L_retain - epsilon))`` with
+    the retain NLL averaged over the step's micro-batches and processes (open-unlearning updates on every
+    micro-batch and process). ``epsilon`` defaults to ``(1 + pdu_epsilon_slack)`` times the first step's retain
+    loss, the paper's relative bound; no update during the first ``pdu_dual_warmup_steps`` steps."""
+    pending = state.pop("_pending", [])
+    if not pending:
+        return
+    retain_loss = float(reduce_mean(torch.stack(pending).mean()))
+    if state["epsilon"] is None:
+        state["epsilon"] = (1.0 + config.pdu_epsilon_slack) * retain_loss
+    state["last_retain_loss"] = retain_loss
+    if step > config.pdu_dual_warmup_steps:
+        state["dual"] = max(0.0, state["dual"] + config.pdu_dual_step * (retain_loss - state["epsilon"]))
+        state["updates"] += 1
+
+
+@register_retain_objective(
+    "pdu_dual",
+    paper=PDU_PAPER,
+    hyperparameters=("pdu_epsilon", "pdu_epsilon_slack", "pdu_dual_init", "pdu_dual_step", "pdu_dual_warmup_steps"),
+    initial_state=_pdu_initial_state,
+    update_state=_pdu_update_state,
+)
+def pdu_retain_loss(inputs: LossInputs) -> torch.Tensor:
+    """``lambda * NLL_retain``, the Lagrangian's retain term of PDU (arXiv 2506.05314) with the dual variable
+    ``lambda`` kept in :attr:`LossInputs.state` (the constant ``-lambda epsilon`` is dropped: it has no gradient).
+    The retain NLL of every micro-batch is kept for the dual update after the optimizer step."""
+    nll = answer_nll(inputs)
+    state = inputs.state if inputs.state is not None else _pdu_initial_state(inputs.config)
+    state.setdefault("_pending", []).append(nll.detach())
+    return state["dual"] * nll
 
 
 def _rmu_hidden(hidden_states: tuple[torch.Tensor, ...], layer: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.utils import is_peft_available, logging
 
-from .callbacks import ViolationStoppingCallback
+from .callbacks import ObjectiveStateCallback, ViolationStoppingCallback
 from .config import UnlearnConfig, sharded_surgery_error
 from .data import (
     IGNORE_INDEX,
@@ -144,6 +144,23 @@ def refusal_example(tokenizer: Any, example: Mapping[str, Any], refusal: str) ->
         "attention_mask": [1] * (len(prompt) + len(answer)),
         "labels": [IGNORE_INDEX] * len(prompt) + answer,
     }
+
+
+def _alternate_answers(examples: Sequence[Mapping[str, Any]], column: str, objective: str) -> list[str]:
+    """Example i's alternative answer from ``column``: the text, or the (i mod n)-th of a list (AltPO)."""
+    answers = []
+    for i, example in enumerate(examples):
+        value = example.get(column)
+        if isinstance(value, list | tuple):
+            value = value[i % len(value)] if value else None
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(
+                f"{objective!r} needs a plausible alternative answer for every forget example in column {column!r} "
+                f"(alternate_column); forget example {i} has {value!r}. Add the column (e.g. TOFU's perturbed_answer) "
+                "or set alternate_column."
+            )
+        answers.append(value)
+    return answers
 
 
 def _frozen_copy(model: nn.Module) -> nn.Module:
@@ -375,14 +392,20 @@ class UnlearnTrainer(Trainer):
             else []
         )
         refusals = None
-        if self.forget_objective.needs_refusal:
+        if self.forget_objective.needs_refusal or self.forget_objective.needs_alternate:
+            what = "refusal" if self.forget_objective.needs_refusal else "alternate"
             if processing_class is None:
                 raise ValueError(
-                    f"{forget_name!r} writes refusal answers and needs the tokenizer: pass processing_class=tokenizer."
+                    f"{forget_name!r} writes {what} answers and needs the tokenizer: pass processing_class=tokenizer."
                 )
+            answers = (
+                [args.refusal_answers[i % len(args.refusal_answers)] for i in range(len(forget_train))]
+                if what == "refusal"
+                else _alternate_answers(forget_train, args.alternate_column, forget_name)
+            )
             refusals = [
-                refusal_example(processing_class, example, args.refusal_answers[i % len(args.refusal_answers)])
-                for i, example in enumerate(forget_train)
+                refusal_example(processing_class, example, answer)
+                for example, answer in zip(forget_train, answers, strict=True)
             ]
         # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
         self.forget_records = train_dataset
@@ -462,6 +485,13 @@ class UnlearnTrainer(Trainer):
         self._probe_seconds = 0.0
 
         self.add_callback(_RetainPairingCallback(paired))
+        # Objectives with state across steps (PDU's dual variable): kept, updated and checkpointed by one callback.
+        self.objective_state_callback = ObjectiveStateCallback(
+            {o.name: o.initial_state(args) for o in self._objectives() if o.initial_state is not None}
+        )
+        if self.objective_state_callback.states:
+            self.objective_state_callback.bind(self._update_objective_states)
+            self.add_callback(self.objective_state_callback)
         floor = args.utility_floor or None
         if floor and retain_dataset is None:
             logger.warning("UnlearnTrainer: no retain set, so the utility floor cannot be watched; it is off.")
@@ -483,6 +513,25 @@ class UnlearnTrainer(Trainer):
         self.record: UnlearnRecord = self._make_record(final=False)
         if hasattr(self.model, "add_model_tags"):
             self.model.add_model_tags(self._tag_names + [args.method])
+
+    def _update_objective_states(self, states: dict[str, dict[str, Any]], step: int) -> None:
+        """After an optimizer step: advance each stateful objective, with a mean over processes to keep them equal."""
+
+        def reduce_mean(value: torch.Tensor) -> float:
+            if self.accelerator.num_processes > 1:
+                value = self.accelerator.reduce(value.to(self.args.device), reduction="mean")
+            return float(value)
+
+        for objective in self._objectives():
+            if objective.update_state is not None and objective.name in states:
+                objective.update_state(states[objective.name], self.args, step, reduce_mean)
+
+    def _objective_state(self, objective: Objective, training: bool) -> dict[str, Any] | None:
+        state = self.objective_state_callback.states.get(objective.name)
+        if state is None or training:
+            return state
+        # Outside training (evaluate()), read the state without adding to what the next update consumes.
+        return {key: value for key, value in state.items() if not key.startswith("_")}
 
     def _objectives(self) -> list[Objective]:
         return [o for o in (self.forget_objective, self.retain_objective) if o is not None]
@@ -551,6 +600,7 @@ class UnlearnTrainer(Trainer):
             reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
             num_items=num_items,
             calibration_margins=calibration,
+            state=self._objective_state(objective, model.training),
         )
 
     def _objective_loss(
@@ -560,7 +610,7 @@ class UnlearnTrainer(Trainer):
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
         if self._running and model.training:
             self._accumulate_running(part, loss_inputs)
-        if objective.needs_refusal:
+        if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
         return objective.fn(loss_inputs)
 
@@ -1177,6 +1227,9 @@ class UnlearnTrainer(Trainer):
         super()._load_callback_state()
         # Trainer rebuilds stateful callbacks from their exported args; give the rebuilt one its probe back.
         for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ObjectiveStateCallback):
+                callback.bind(self._update_objective_states)
+                self.objective_state_callback = callback
             if isinstance(callback, ViolationStoppingCallback):
                 self._bind_stopping_callback(callback)
                 self.stopping_callback = callback

@@ -1,5 +1,6 @@
 """Each objective against a hand computation on a 2-token answer, and each baseline's defining behaviour."""
 
+import json
 import math
 import types
 
@@ -339,3 +340,231 @@ def test_a_registered_objective_runs_with_its_own_needs_and_lands_in_the_record(
         register_forget_objective("bad", normalised_by="sequences")
     with pytest.raises(ValueError, match="normalized_by must be one of"):
         register_forget_objective("bad", normalized_by="words")
+
+
+# --- the 2025 methods (issue 17) ------------------------------------------------------------------------------
+
+
+def new_config(**overrides):
+    values = dict(
+        vars(CONFIG),
+        wga_beta=2.0,
+        satimp_beta1=3.0,
+        satimp_beta2=2.0,
+        ceu_ignore_first_n_answer_tokens=0,
+        altpo_beta=0.5,
+        pdu_epsilon=None,
+        pdu_epsilon_slack=0.1,
+        pdu_dual_init=3.0,
+        pdu_dual_step=2.0,
+        pdu_dual_warmup_steps=0,
+    )
+    values.update(overrides)
+    return types.SimpleNamespace(**values)
+
+
+def loss_and_grad(name, registry=FORGET_OBJECTIVES, config=None, **extra):
+    logits = LOGITS.clone().requires_grad_(True)
+    inputs = LossInputs(
+        logits=logits, labels=LABELS, config=config or new_config(), reference_logits=REFERENCE, **extra
+    )
+    loss = registry[name].fn(inputs)
+    loss.backward()
+    return loss.item(), logits.grad
+
+
+def softmax(row):
+    return [math.exp(v) for v in log_softmax(row)]
+
+
+def test_wga_weights_each_token_by_its_probability_without_gradient_through_the_weight():
+    p = [math.exp(v) for v in LOGP]
+    loss, grad = loss_and_grad("wga")
+    assert loss == pytest.approx((p[0] ** 2 * LOGP[0] + p[1] ** 2 * LOGP[1]) / 2, rel=1e-6)
+    # d/dz of sg(p)^beta log p = p^beta (onehot(y) - softmax(z)) / 2 per position: the weight carries no gradient.
+    for position, target in ((0, 1), (1, 2)):
+        q = softmax(LOGITS[0][position].tolist())
+        expected = [p[position] ** 2 * ((v == target) - q[v]) / 2 for v in range(4)]
+        assert grad[0][position].tolist() == pytest.approx(expected, rel=1e-5)
+
+
+def test_satimp_weights_by_saturation_and_importance():
+    p = [math.exp(v) for v in LOGP]
+    expected = sum(p[i] ** 3 * (1 - p[i]) ** 2 * LOGP[i] for i in (0, 1)) / 2
+    assert run_new("satimp") == pytest.approx(expected, rel=1e-6)
+    # The paper's reference code weighs the retain term 0.1.
+    assert UnlearnConfig(output_dir="x", method="satimp", report_to="none").retain_weight == 0.1
+    assert UnlearnConfig(output_dir="x", method="satimp", report_to="none", retain_weight=2.0).retain_weight == 2.0
+
+
+def run_new(name, registry=FORGET_OBJECTIVES, config=None, **extra):
+    inputs = LossInputs(
+        logits=LOGITS, labels=LABELS, config=config or new_config(), reference_logits=REFERENCE, **extra
+    )
+    return registry[name].fn(inputs).item()
+
+
+def test_ce_u_is_cross_entropy_to_the_distribution_without_the_true_token():
+    def position_loss(position, target):
+        row = LOGITS[0][position].tolist()
+        rest = [v if i != target else float("-inf") for i, v in enumerate(row)]
+        z = math.log(sum(math.exp(v) for v in rest if v != float("-inf")))
+        q = [0.0 if v == float("-inf") else math.exp(v - z) for v in rest]
+        return -sum(qi * li for qi, li in zip(q, log_softmax(row))), q
+
+    (first, q0), (second, q1) = position_loss(0, 1), position_loss(1, 2)
+    loss, grad = loss_and_grad("ce_u")
+    assert loss == pytest.approx((first + second) / 2, rel=1e-6)
+    # Its gradient on the logits is (p - q) / 2 at each position: the true token's part is p_y, bounded.
+    for position, q in ((0, q0), (1, q1)):
+        p = softmax(LOGITS[0][position].tolist())
+        assert grad[0][position].tolist() == pytest.approx([(pi - qi) / 2 for pi, qi in zip(p, q)], rel=1e-5)
+    # The first answer token is skipped with ceu_ignore_first_n_answer_tokens=1 (the default).
+    assert run_new("ce_u", config=new_config(ceu_ignore_first_n_answer_tokens=1)) == pytest.approx(second, rel=1e-6)
+    assert UnlearnConfig(output_dir="x", method="ce_u", report_to="none").objectives == ("ce_u", "none")
+
+
+def test_altpo_prefers_the_alternate_answer():
+    alternate_logits = torch.tensor([[[0.0, 0.0, 3.0, 0.0], [1.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
+    alternate_labels = torch.tensor([[-100, 2, 1]])
+    alternate = LossInputs(logits=alternate_logits, labels=alternate_labels, config=CONFIG, reference_logits=REFERENCE)
+    chosen = (
+        log_softmax(alternate_logits[0][0].tolist())[2]
+        + log_softmax(alternate_logits[0][1].tolist())[1]
+        - log_softmax(REFERENCE[0][0].tolist())[2]
+        - log_softmax(REFERENCE[0][1].tolist())[1]
+    )
+    rejected = sum(LOGP) - sum(LOGP_REF)
+    expected = -(2 / 0.5) * math.log(1 / (1 + math.exp(-0.5 * (chosen - rejected))))
+    assert run_new("altpo", refusal=alternate) == pytest.approx(expected, rel=1e-6)
+
+
+def test_pdu_forget_flattens_the_logits_at_answer_positions():
+    expected = sum((max(row) - sum(row) / 4) ** 2 for row in (LOGITS[0][0].tolist(), LOGITS[0][1].tolist())) / 2
+    assert run_new("pdu") == pytest.approx(expected, rel=1e-6)
+
+
+def test_pdu_dual_variable_scales_the_retain_term_and_ascends_on_the_constraint():
+    objective = RETAIN_OBJECTIVES["pdu_dual"]
+    config = new_config()
+    state = objective.initial_state(config)
+    nll = -(LOGP[0] + LOGP[1]) / 2
+    assert run_new("pdu_dual", RETAIN_OBJECTIVES, config, state=state) == pytest.approx(3.0 * nll, rel=1e-6)
+    run_new("pdu_dual", RETAIN_OBJECTIVES, config, state=state)  # a second micro-batch of the same step
+    objective.update_state(state, config, 1, float)
+    # epsilon defaults to 1.1 x the first step's retain loss, so lambda moves by 2 x (nll - 1.1 nll).
+    assert state["epsilon"] == pytest.approx(1.1 * nll, rel=1e-6) and "_pending" not in state
+    assert state["dual"] == pytest.approx(3.0 + 2.0 * (nll - 1.1 * nll), rel=1e-6)
+    # Above the bound lambda grows; it never goes below 0; warmup steps leave it alone.
+    state["epsilon"] = nll - 1.0
+    run_new("pdu_dual", RETAIN_OBJECTIVES, config, state=state)
+    before = state["dual"]
+    objective.update_state(state, config, 2, float)
+    assert state["dual"] == pytest.approx(before + 2.0, rel=1e-6)
+    state["epsilon"] = nll + 100.0
+    run_new("pdu_dual", RETAIN_OBJECTIVES, config, state=state)
+    objective.update_state(state, config, 3, float)
+    assert state["dual"] == 0.0
+    warm = objective.initial_state(new_config(pdu_dual_warmup_steps=5))
+    run_new("pdu_dual", RETAIN_OBJECTIVES, new_config(pdu_dual_warmup_steps=5), state=warm)
+    objective.update_state(warm, new_config(pdu_dual_warmup_steps=5), 5, float)
+    assert warm["dual"] == 3.0 and warm["epsilon"] is not None
+
+
+def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state):
+    """The dual variable is saved with each checkpoint: a run resumed at step 3 ends with the same lambda and
+    weights as an uninterrupted one (restarting lambda from its initial value would not)."""
+    forget = [make_example(i) for i in range(8)]
+    retain = [make_example(1000 + i) for i in range(16)]
+
+    def trainer(output_dir):
+        model = make_tiny_model()
+        model.load_state_dict(memorized_llama_state)
+        settings = dict(method="pdu", max_steps=6, save_strategy="steps", save_steps=3, learning_rate=1e-2)
+        # A bound below the start's retain loss: the constraint is violated, so lambda climbs every step.
+        return UnlearnTrainer(model, args(output_dir, **settings, pdu_epsilon=0.0, pdu_dual_step=0.5), forget, retain)
+
+    uninterrupted = trainer(tmp_path / "a")
+    uninterrupted.train()
+    dual = uninterrupted.objective_state_callback.states["pdu_dual"]
+    assert dual["updates"] == 6 and dual["dual"] > 1.0 + 6 * 0.5 * 0.001
+    saved = json.loads((tmp_path / "a" / "checkpoint-3" / "trainer_state.json").read_text())
+    saved_dual = saved["stateful_callbacks"]["ObjectiveStateCallback"]["attributes"]["states"]["pdu_dual"]
+    assert 1.0 < saved_dual["dual"] < dual["dual"] and saved_dual["updates"] == 3
+
+    resumed = trainer(tmp_path / "b")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
+    assert resumed.objective_state_callback.states["pdu_dual"]["dual"] == pytest.approx(dual["dual"], rel=1e-5)
+    for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert "pdu_dual_step" in resumed.record.hyperparameters
+
+
+def test_altpo_takes_alternates_from_the_records_and_comes_to_prefer_them(tmp_path):
+    from hf_unlearn.benchmarks import load_split
+    from hf_unlearn.data import build_qa_dataset, pad_examples
+    from hf_unlearn.objectives import sequence_log_prob
+    from hf_unlearn.trainer import refusal_example
+
+    tokenizer = build_tokenizer()
+    records = load_split("forget05")
+    forget = build_qa_dataset(records, tokenizer)
+    retain = build_qa_dataset(load_split("retain95").select(range(20)), tokenizer)
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
+    trainer = UnlearnTrainer(
+        model, args(tmp_path, method="altpo", max_steps=15), forget, retain, processing_class=tokenizer
+    )
+    # Example i's alternate is its (i mod 3)-th perturbed answer.
+    first = trainer.train_dataset.refusal[1]
+    expected = refusal_example(tokenizer, forget[1], records[1]["perturbed_answer"][1])
+    assert first["input_ids"] == expected["input_ids"]
+
+    def preference():
+        chosen = pad_examples(
+            [refusal_example(tokenizer, e, r["perturbed_answer"][0]) for e, r in zip(forget, records)],
+            tokenizer.pad_token_id,
+        )
+        rejected = pad_examples([{k: e[k] for k in ("input_ids", "labels")} for e in forget], tokenizer.pad_token_id)
+        with torch.no_grad():
+            return [
+                sequence_log_prob(
+                    trainer.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits, b["labels"]
+                )
+                .mean()
+                .item()
+                for b in (chosen, rejected)
+            ]
+
+    before = preference()
+    trainer.train()
+    after = preference()
+    assert after[0] - after[1] > before[0] - before[1] + 1.0
+    # Without the column, the error names it before any weight changes.
+    bare = build_qa_dataset(records.remove_columns(["perturbed_answer"]), tokenizer)
+    with pytest.raises(ValueError, match="column 'perturbed_answer'"):
+        UnlearnTrainer(model, args(tmp_path, method="altpo"), bare, retain, processing_class=tokenizer)
+
+
+@pytest.mark.parametrize("method", ["wga", "satimp", "ce_u", "altpo", "pdu"])
+def test_new_methods_run_under_lora_with_the_stopping_rule_and_surgery(tmp_path, method):
+    from peft import LoraConfig
+
+    from hf_unlearn.benchmarks import load_split
+    from hf_unlearn.data import build_qa_dataset
+
+    tokenizer = build_tokenizer()
+    forget = build_qa_dataset(load_split("forget05"), tokenizer)
+    retain = build_qa_dataset(load_split("retain95").select(range(8)), tokenizer)
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
+    surgery = "sum" if method == "ce_u" else "sago"  # CE-U has no retain term to protect
+    settings = dict(method=method, max_steps=4, probe_interval=2, stop_on_violation=True, gradient_surgery=surgery)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = UnlearnTrainer(
+        model, args(tmp_path, **settings), forget, retain, processing_class=tokenizer, peft_config=lora
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert changed and all("lora_" in n for n in changed)
+    assert trainer.record.method == method and trainer.record.adapter == "lora"
+    assert trainer.record.probe_history and trainer.record.papers
