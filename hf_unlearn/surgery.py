@@ -9,7 +9,7 @@ read back to the host, so a step costs no synchronisation on a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -104,8 +104,15 @@ def combine_gradients_(
     forget_weight: float = 1.0,
     retain_weight: float = 1.0,
     with_stats: bool = True,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor | None], dict[str, torch.Tensor]]:
     """Combine in place: the update is written into the retain tensors, the forget tensors are consumed.
+
+    Sharded gradients (FSDP2, ZeRO): pass each process's *local shard* of every tensor, in the same order on
+    every process, and ``reduce_sum``, a sum across processes (e.g. an all-reduce). SAGO is elementwise and needs
+    nothing; the per-tensor dot products and norms of PCGrad and BLUR, and the statistics, are summed across
+    processes (one collective for the scalars, one more for SAGO's statistics), so each shard gets exactly the
+    update of the unsharded tensor.
 
     Formulas (DESIGN §4, after arXiv 2604.14808), with gamma = ``forget_weight``, alpha = ``retain_weight``:
 
@@ -148,6 +155,8 @@ def combine_gradients_(
                 _dot(r, r).to(device) if needs_rr else None,
             )
         )
+    if reduce_sum is not None and needs_fr | needs_ff | needs_rr:
+        scalars = _summed_across_processes(scalars, reduce_sum, device)
     totals = {"fr": zero(), "ff": zero(), "rr": zero()}
     for entry in scalars:
         if entry is not None:
@@ -197,6 +206,11 @@ def combine_gradients_(
         updates.append(out)
     if not with_stats:
         return updates, {}
+    if reduce_sum is not None and strategy in ("sago", "sago_prefer_retain"):
+        # SAGO's statistics are sums over each process's own coordinates; the other strategies built theirs from
+        # scalars already summed across processes (and decide pcgrad's conflicts identically everywhere).
+        local = torch.stack([stats["dot_ur"], stats["norm_u2"], stats["conflicts"], zero() + total_units])
+        stats["dot_ur"], stats["norm_u2"], stats["conflicts"], total_units = reduce_sum(local)
     if strategy == "pcgrad_global":
         stats["conflicts"] = (totals["fr"] < 0).double()
         total_units = 1
@@ -211,6 +225,51 @@ def combine_gradients_(
         "cos_update_retain": cos_update_retain,
         "conflict_fraction": fraction,
     }
+
+
+def local_shards(
+    forget_grads: Sequence[torch.Tensor | None], retain_grads: Sequence[torch.Tensor | None]
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None], Callable[[torch.Tensor], torch.Tensor] | None]:
+    """What :func:`combine_gradients_` takes for gradients sharded by FSDP2 (``DTensor``): each process's local
+    shards (views: the update written into a retain shard lands in its DTensor) and a sum across the processes of
+    the shards' mesh. Plain tensors come back as they are, with no reduction."""
+    sharded = next((g for g in [*forget_grads, *retain_grads] if g is not None and hasattr(g, "to_local")), None)
+    if sharded is None:
+        return list(forget_grads), list(retain_grads), None
+    import torch.distributed as dist
+
+    group = sharded.device_mesh.get_group()
+
+    def reduce_sum(value: torch.Tensor) -> torch.Tensor:
+        value = value.clone()
+        dist.all_reduce(value, group=group)
+        return value
+
+    def to_local(grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        return [None if g is None else g.to_local() if hasattr(g, "to_local") else g for g in grads]
+
+    return to_local(forget_grads), to_local(retain_grads), reduce_sum
+
+
+def _summed_across_processes(
+    scalars: list[tuple[torch.Tensor | None, ...] | None],
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+) -> list[tuple[torch.Tensor | None, ...] | None]:
+    """Every tensor's (<f, r>, ||f||^2, ||r||^2) summed across processes, in one collective."""
+    rows = [
+        torch.stack([v if v is not None else torch.zeros((), dtype=torch.float64, device=device) for v in entry])
+        if entry is not None
+        else torch.zeros(3, dtype=torch.float64, device=device)
+        for entry in scalars
+    ]
+    if not rows:
+        return scalars
+    summed = reduce_sum(torch.stack(rows))
+    return [
+        None if entry is None else tuple(None if v is None else summed[i, j] for j, v in enumerate(entry))
+        for i, entry in enumerate(scalars)
+    ]
 
 
 def combine_gradients(

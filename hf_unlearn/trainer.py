@@ -47,7 +47,7 @@ from .margin import (
 from .objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
 from .output_dir import check_writable, prepare_output_dir
 from .record import UnlearnRecord
-from .surgery import SURGERY_PAPER, combine_gradients_
+from .surgery import SURGERY_PAPER, combine_gradients_, local_shards
 
 if is_peft_available():
     from peft import PeftModel, get_peft_model
@@ -752,19 +752,30 @@ class UnlearnTrainer(Trainer):
             param.grad, self._stored_forget_grads[i] = self._stored_forget_grads[i], param.grad
 
     def _combine_gradients(self) -> None:
-        retain_grads = [p.grad for p in self._trainable_params]
+        # Sharded (FSDP2 DTensor) gradients are combined shard by shard, the dot products summed across processes;
+        # the update is written into the retain shards, i.e. into the parameters' DTensor gradients.
+        forget_grads, retain_grads, reduce_sum = local_shards(
+            self._stored_forget_grads, [p.grad for p in self._trainable_params]
+        )
         updates, stats = combine_gradients_(
-            self._stored_forget_grads,
+            forget_grads,
             retain_grads,
             self.args.gradient_surgery,
             forget_weight=self.args.forget_weight,
             retain_weight=self.args.retain_weight,
             # The statistics cost a few passes over the gradients; they only serve Trainer's logs.
             with_stats=self.args.logging_strategy != "no",
+            reduce_sum=reduce_sum,
         )
         for param, update in zip(self._trainable_params, updates):
-            if update is not None:
+            if update is None:
+                continue
+            if reduce_sum is None:
                 param.grad = update
+            elif param.grad is None:  # no retain gradient: the update is a new local shard of the parameter's layout
+                param.grad = type(param).from_local(
+                    update, param.device_mesh, param.placements, shape=param.shape, stride=param.stride()
+                )
         # The forget tensors were consumed by the combination; zero them and keep them as the next window's
         # accumulators: a memset is cheaper than a fresh full-size allocation (and its page faults) every step.
         for stored in self._stored_forget_grads:
