@@ -131,6 +131,21 @@ class RunArguments:
         default="auto", metadata={"help": "dtype to load the model in (auto, float32, bfloat16)."}
     )
     evaluate: bool = field(default=True, metadata={"help": "Measure forget/retain metrics before and after."})
+    audit: bool = field(
+        default=False,
+        metadata={
+            "help": "After unlearning, run the robustness audit (NF4 reload, relearning attack, and with "
+            "--audit_holdout_data the membership attacks) and add it to the report, record and card."
+        },
+    )
+    audit_holdout_data: str | None = field(
+        default=None,
+        metadata={"help": "Audit: examples of the same kind never trained on (file or Hub id), for membership."},
+    )
+    audit_reference_model: str | None = field(
+        default=None,
+        metadata={"help": "Audit: a model trained without the forget set (PrivLeak, the relearning baseline)."},
+    )
 
 
 class _Parser(HfArgumentParser):

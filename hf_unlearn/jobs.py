@@ -485,8 +485,44 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             else None,
         },
     )
+    if run_args.audit and trainer.is_world_process_zero():
+        _audit_after_run(trainer, run_args, config.output_dir)
     trainer.save_model(config.output_dir)
     return trainer
+
+
+def _audit_after_run(trainer: UnlearnTrainer, run_args: Any, output_dir: str) -> dict:
+    """`hf-unlearn run --audit true`: the robustness audit of the unlearned model (a copy; the model is not changed),
+    into the record (hence the card) and audit.json / audit.md."""
+    from .audit import audit_markdown, audit_record_fields, run_audit
+    from .data import rename_qa_columns
+
+    holdout = None
+    if run_args.audit_holdout_data:
+        holdout = rename_qa_columns(
+            load_records(run_args.audit_holdout_data), run_args.question_column, run_args.answer_column
+        )
+    reference = None
+    if run_args.audit_reference_model:
+        reference, _ = load_model_and_tokenizer(run_args.audit_reference_model, run_args.trust_remote_code)
+    audit = run_audit(
+        trainer.model,
+        trainer.processing_class,
+        trainer.forget_records,
+        trainer.retain_records,
+        holdout,
+        reference_model=reference,
+        prompt_template=run_args.prompt_template,
+    )
+    trainer.record.update(**audit_record_fields(audit))
+    write_report(trainer.record, output_dir)
+    markdown = "# Robustness audit\n\n" + audit_markdown(audit)
+    with open(os.path.join(output_dir, "audit.json"), "w") as f:
+        json.dump(audit, f, indent=2, default=str)
+    with open(os.path.join(output_dir, "audit.md"), "w") as f:
+        f.write(markdown)
+    print("\n" + markdown)
+    return audit
 
 
 def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:

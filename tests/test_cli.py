@@ -195,3 +195,21 @@ def test_chronicles_demo_runs_offline(tmp_path):
     assert muse["before"]["privleak"]["min_k"] < -50  # the target remembers its forget passages
     assert "| VerbMem forget |" in (out / "muse.md").read_text()
     assert record["forget_dataset"]["name"] == "hf_unlearn fictitious chronicles / forget"
+
+
+def test_run_with_audit_writes_the_verdicts_into_record_and_card(tmp_path, local_model_and_data):
+    root = local_model_and_data
+    load_split("holdout").select(range(10)).to_json(tmp_path / "holdout.json")
+    out = tmp_path / "audited"
+    argv = ["run", "--model_name_or_path", str(root / "model"), "--dataset_name", str(root / "forget.json"),
+            "--retain_dataset_name", str(root / "retain.jsonl"), "--output_dir", str(out), "--max_steps", "4",
+            "--report_to", "none", "--use_cpu", "true", "--evaluate", "false", "--audit", "true",
+            "--audit_holdout_data", str(tmp_path / "holdout.json")]  # fmt: skip
+    assert main(argv) == 0
+    audit = json.loads((out / "audit.json").read_text())
+    assert set(audit["verdicts"]) == {"quantization", "relearning", "membership"}
+    assert audit["membership"]["verdict"] == "no reference"  # no --audit_reference_model: AUCs only
+    record = json.loads((out / "unlearn_record.json").read_text())
+    assert record["audit"]["verdicts"] == audit["verdicts"] and record["relearning"] is not None
+    assert "## Robustness" in (out / "README.md").read_text()
+    assert json.loads((out / "report.json").read_text())["audit"]["verdicts"] == audit["verdicts"]
