@@ -288,6 +288,14 @@ class UnlearnConfig(TrainingArguments):
     simnpo_delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin delta."})
     dpo_beta: float = field(default=0.1, metadata={"help": "IdkDPO (DPO) inverse temperature beta."})
     undial_beta: float = field(default=10.0, metadata={"help": "UNDIAL: how far the target token's logit is lowered."})
+    reference_dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "dtype of the frozen reference copy that KL, NPO, UNDIAL, AltPO, IdkDPO and RMU compare with in "
+            "full fine-tuning: None (the model's own) or 'bfloat16' / 'float16' (half the memory; the objectives "
+            "upcast its logits). A PEFT model's reference is its base with the adapters off and costs nothing."
+        },
+    )
     wga_beta: float = field(default=1.0, metadata={"help": "WGA: exponent of the token-probability weight p^beta."})
     satimp_beta1: float = field(default=5.0, metadata={"help": "SatImp: exponent of the saturation weight p^beta1."})
     satimp_beta2: float = field(
@@ -411,6 +419,10 @@ class UnlearnConfig(TrainingArguments):
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
         if self.competitor_source not in COMPETITOR_SOURCES:
             raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
+        if self.reference_dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(
+                f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {self.reference_dtype!r}."
+            )
         if self.forget_scoring not in FORGET_SCORINGS:
             raise ValueError(f"forget_scoring must be one of {FORGET_SCORINGS}, got {self.forget_scoring!r}.")
         if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:

@@ -363,6 +363,14 @@ class UnlearnTrainer(Trainer):
         if any(objective.needs_reference(args) for objective in self._objectives()):
             if ref_model is None and not _is_peft_model(model):
                 ref_model = _frozen_copy(model)
+                if args.reference_dtype is not None:
+                    # A cheaper reference for full fine-tuning: half the memory, logits upcast by the objectives.
+                    ref_model.to(getattr(torch, args.reference_dtype))
+            elif args.reference_dtype is not None and _is_peft_model(model):
+                logger.warning(
+                    "UnlearnTrainer: reference_dtype is ignored for a PEFT model, whose reference is its own base "
+                    "with the adapters off (no copy is made)."
+                )
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
         self.ref_model = ref_model

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 from conftest import ARCHITECTURES, make_example, make_tiny_model, memorize
@@ -236,3 +238,20 @@ def test_surgery_with_lora_bf16_and_clipping_changes_only_adapters(tmp_path, mem
     logged = [log for log in trainer.state.log_history if "surgery/cos_update_retain" in log]
     assert logged and all(log["surgery/cos_update_retain"] >= -1e-6 for log in logged)
     assert all(log["grad_norm"] >= 0 for log in trainer.state.log_history if "grad_norm" in log)
+
+
+def test_a_half_precision_reference_copy_halves_its_memory_and_trains(tmp_path, memorized_llama_state):
+    model = make_tiny_model("llama")
+    model.load_state_dict(memorized_llama_state)
+    trainer = UnlearnTrainer(
+        model, config(tmp_path, method="npo_klr", max_steps=3, reference_dtype="bfloat16"), FORGET, RETAIN
+    )
+    reference = trainer.ref_model
+    assert all(p.dtype == torch.bfloat16 for p in reference.parameters())
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    full = sum(p.numel() * p.element_size() for p in trainer.model.parameters())
+    assert sum(p.numel() * p.element_size() for p in reference.parameters()) == full // 2
+    trainer.train()
+    assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    with pytest.raises(ValueError, match="reference_dtype must be"):
+        config(tmp_path, reference_dtype="int8")
