@@ -259,6 +259,9 @@ class SequenceArguments:
     answer_column: str = field(default="answer", metadata={"help": "Answer column of your own data."})
     prompt_template: str | None = field(default=None, metadata={"help": PROMPT_TEMPLATE_HELP})
     lora_r: int = field(default=0, metadata={"help": "One LoRA adapter of this rank per request, merged (0: full)."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], metadata={"help": "Modules LoRA adapts."}
+    )
     max_eval_examples: int = field(
         default=100, metadata={"help": "Measure at most this many examples of each set after every request."}
     )

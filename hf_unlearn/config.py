@@ -36,7 +36,7 @@ METHODS: dict[str, tuple[str, str]] = {
 DEFAULT_FORGET_WEIGHTS = {"masc": 0.1, "simnpo": 0.125}
 # Retain weights other than 1: SatImp's reference code adds 0.1 x retain NLL (tmlr-group/SatImp, coeff 0.1; the
 # open-unlearning YAML has forget 0.1 and retain 1 instead, its README and Python defaults agree with the paper's).
-DEFAULT_RETAIN_WEIGHTS = {"satimp": 0.1}
+DEFAULT_RETAIN_WEIGHTS = {"satimp": 0.1}  # keyed, like the forget weights, by the forget objective
 DEFAULT_REFUSALS = (
     "I don't know.",
     "I'm not sure about that.",
@@ -419,6 +419,23 @@ class UnlearnConfig(TrainingArguments):
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
         if self.competitor_source not in COMPETITOR_SOURCES:
             raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
+        for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
+            if not getattr(self, name) > 0:  # also catches NaN
+                raise ValueError(
+                    f"{name} must be > 0 (it divides the loss or scales a log-ratio), got {getattr(self, name)}."
+                )
+        for name in (
+            "wga_beta",
+            "satimp_beta1",
+            "satimp_beta2",
+            "pdu_dual_init",
+            "pdu_dual_step",
+            "pdu_epsilon_slack",
+        ):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if self.ceu_ignore_first_n_answer_tokens < 0 or self.pdu_dual_warmup_steps < 0:
+            raise ValueError("ceu_ignore_first_n_answer_tokens and pdu_dual_warmup_steps must be >= 0.")
         if self.reference_dtype not in (None, "bfloat16", "float16", "float32"):
             raise ValueError(
                 f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {self.reference_dtype!r}."
@@ -467,7 +484,7 @@ class UnlearnConfig(TrainingArguments):
         if self.forget_weight is None:
             self.forget_weight = DEFAULT_FORGET_WEIGHTS.get(self.objectives[0], 1.0)
         if self.retain_weight is None:
-            self.retain_weight = DEFAULT_RETAIN_WEIGHTS.get(self.method, 1.0)
+            self.retain_weight = DEFAULT_RETAIN_WEIGHTS.get(self.objectives[0], 1.0)
         if self.refusal_answers is None:
             self.refusal_answers = list(DEFAULT_REFUSALS)
         if self.stop_on_violation is None:

@@ -85,7 +85,9 @@ def continuation_labels(
     ``--continuation_cut_max_ratio``, ``--continuation_min_prefix_tokens``, ``--continuation_min_suffix_tokens``):
     the prefix is context, only the continuation enters the hinge and the violation rate.
     """
-    scored = [i for i, label in enumerate(labels) if label != IGNORE_INDEX]
+    # Position 0 is never predicted (causal shift), whatever its label: count only tokens the model scores, as the
+    # reference counts shifted target positions.
+    scored = [i for i, label in enumerate(labels) if label != IGNORE_INDEX and i > 0]
     if len(scored) < min_prefix_tokens + min_suffix_tokens:
         return list(labels)
     cut = max(min_prefix_tokens, min(math.floor(cut_ratio * len(scored)), len(scored) - min_suffix_tokens))

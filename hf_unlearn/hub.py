@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+
+from .ledger import LEDGER_FILE
+from .record import RECORD_FILE
 
 
 def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) -> None:
@@ -57,10 +61,10 @@ def push_folder(model_dir: str, repo_id: str, merge_adapter: bool = False, priva
         with tempfile.TemporaryDirectory() as staging:
             merged.save_pretrained(staging)
             AutoTokenizer.from_pretrained(model_dir).save_pretrained(staging)
-            card = os.path.join(model_dir, "README.md")
-            if os.path.exists(card):
-                with open(card) as source, open(os.path.join(staging, "README.md"), "w") as target:
-                    target.write(source.read())
+            # The card, the run record and the request ledger travel with the merged weights.
+            for name in ("README.md", RECORD_FILE, LEDGER_FILE):
+                if os.path.exists(os.path.join(model_dir, name)):
+                    shutil.copyfile(os.path.join(model_dir, name), os.path.join(staging, name))
             api.upload_folder(folder_path=staging, repo_id=repo_id, commit_message="Unlearned model (merged LoRA)")
     else:
         api.upload_folder(

@@ -54,7 +54,20 @@ def load_model_and_tokenizer(
         extra["quantization_config"] = quantization_config("nf4")
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_name or name, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=trust_remote_code, dtype=dtype, **extra)
+        if os.path.isfile(os.path.join(name, "adapter_config.json")) and not load_in_4bit:
+            # A LoRA output (an earlier unlearning run): merged into its base, so that it trains like any model
+            # (loaded as an adapter its weights would all be frozen) and a new adapter, if asked, starts from it.
+            from peft import AutoPeftModelForCausalLM
+
+            model = AutoPeftModelForCausalLM.from_pretrained(
+                name, trust_remote_code=trust_remote_code, dtype=dtype
+            ).merge_and_unload()
+            model.requires_grad_(True)  # PEFT froze the base weights
+            logger.info(f"{name} holds a LoRA adapter: merged into its base model for this run.")
+        else:
+            model = AutoModelForCausalLM.from_pretrained(
+                name, trust_remote_code=trust_remote_code, dtype=dtype, **extra
+            )
     except OSError as error:
         raise RuntimeError(offline_hint(f"Could not load model {name!r}", error)) from error
     except ValueError as error:
@@ -63,6 +76,23 @@ def load_model_and_tokenizer(
         ) from error
     ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+def earlier_requests_of(name: str) -> list[dict[str, Any]] | None:
+    """The request ledger that came with the model ``name``: its folder's (also a LoRA adapter folder, whose
+    loaded model names only its base), or the Hub repository's; ``None`` when it cannot be read (offline, none
+    there), which leaves it to the trainer (the ledger of the folder the model's weights came from)."""
+    from .ledger import LEDGER_FILE, load_ledger
+
+    if os.path.isdir(name):
+        return load_ledger(name)
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return load_ledger(hf_hub_download(name, LEDGER_FILE))
+    except Exception as error:  # no such file, no network, not a repository: nothing to carry over
+        logger.info(f"No request ledger read for {name!r} ({type(error).__name__}).")
+        return None
 
 
 def _check_model_location(name: str, tokenizer_name: str | None, need_model: bool = True) -> None:
@@ -132,6 +162,7 @@ def unlearn_and_report(
     dataset_names: dict[str, str] | None = None,
     calibration_records: Dataset | None = None,
     prompt_template: str | None = None,
+    earlier_requests: list[dict[str, Any]] | None = None,
 ) -> UnlearnTrainer:
     """Measure, unlearn, measure again; put the measurements into the run record; write report.json /
     report.md / training_curves.png; return the trainer (its ``record`` holds everything).
@@ -142,7 +173,8 @@ def unlearn_and_report(
     the model card. ``calibration_records`` (never-trained examples of the same kind) give the stopping rule its
     calibrated target (``stop_target='auto'``). ``prompt_template`` is the format the model learned its facts in
     (:mod:`hf_unlearn.prompts`). ``config.resume_from_checkpoint`` (a checkpoint folder, or ``"true"`` for the last
-    one in ``output_dir``) resumes an interrupted run."""
+    one in ``output_dir``) resumes an interrupted run. ``earlier_requests``: the request ledger the model came with
+    (default: what the trainer finds, :func:`earlier_requests_of` for a model loaded by name)."""
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
 
@@ -180,6 +212,8 @@ def unlearn_and_report(
         peft_config=peft_config,
         calibration_dataset=calibration,
     )
+    if earlier_requests is not None:
+        trainer.earlier_requests = list(earlier_requests)
     trainer.train(resume_from_checkpoint=resume)
     stages.update()
     after: dict[str, dict] = {}
@@ -470,6 +504,7 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         peft_config=peft_config,
         calibration_records=calibration,
         prompt_template=run_args.prompt_template,
+        earlier_requests=earlier_requests_of(run_args.model_name_or_path),
         extra={"model": run_args.model_name_or_path},
         dataset_names={
             "forget": " / ".join(filter(None, [run_args.dataset_name, run_args.forget_subset])),
@@ -542,7 +577,8 @@ def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
         peft_config = LoraConfig(
             r=sequence_args.lora_r,
             lora_alpha=2 * sequence_args.lora_r,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            lora_dropout=0.05,
+            target_modules=sequence_args.lora_target_modules,
             task_type="CAUSAL_LM",
         )
     if sequence_args.model is None:
@@ -576,6 +612,7 @@ def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
         retain = load_records(sequence_args.retain_data) if sequence_args.retain_data else None
         calibration = load_records(sequence_args.calibration_data) if sequence_args.calibration_data else None
         model, tokenizer = load_model_and_tokenizer(sequence_args.model)
+    earlier = earlier_requests_of(sequence_args.model) if sequence_args.model is not None else None
     result = unlearn_sequentially(
         model,
         tokenizer,
@@ -588,6 +625,7 @@ def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
         question_column=sequence_args.question_column,
         answer_column=sequence_args.answer_column,
         max_eval_examples=sequence_args.max_eval_examples,
+        earlier_requests=earlier,
     )
     print("\n" + sequence_markdown(result))
     print(

@@ -31,7 +31,8 @@ def forget_set_fingerprint(examples: Iterable[Mapping[str, Any]]) -> str:
     for example in examples:
         content = {key: example[key] for key in _CONTENT_COLUMNS if key in example}
         if not content:
-            content = {key: list(example[key]) for key in ("input_ids", "labels") if key in example}
+            # Token ids may be lists, tensors or arrays (a dataset in torch or numpy format).
+            content = {key: [int(t) for t in example[key]] for key in ("input_ids", "labels") if key in example}
         rows.append(json.dumps(content, sort_keys=True, ensure_ascii=False))
     digest = hashlib.sha256("\n".join(sorted(rows)).encode()).hexdigest()
     return f"sha256:{digest}"
@@ -66,8 +67,10 @@ def ledger_entry(record: UnlearnRecord) -> dict[str, Any]:
 
 
 def full_ledger(record: UnlearnRecord) -> list[dict[str, Any]]:
-    """The earlier requests the model came with, then this run's."""
-    return [*record.earlier_requests, ledger_entry(record)]
+    """The earlier requests the model came with, then this run's (not for a record written before the ledger
+    existed, which has no fingerprint of its forget set)."""
+    own = [ledger_entry(record)] if record.forget_fingerprint is not None else []
+    return [*record.earlier_requests, *own]
 
 
 def load_ledger(path: str | os.PathLike[str] | None) -> list[dict[str, Any]]:

@@ -109,6 +109,14 @@ def _record_rows(record: UnlearnRecord) -> str:
     if record.extra.get("prompt_format"):
         # The format the facts were unlearned in: evaluating in another format measures something else.
         rows.append(("Prompt format", "`" + record.extra["prompt_format"].replace("|", "\\|") + "`"))
+    dual = record.objective_state.get("pdu_dual")
+    if dual and dual.get("epsilon") is not None:
+        rows.append(
+            (
+                "PDU dual variable",
+                f"λ = {_fmt(dual['dual'])} after {dual['updates']} updates, ε = {_fmt(dual['epsilon'])}",
+            )
+        )
     rows.append(("Steps", f"{record.global_step} of at most {record.max_steps}"))
     if record.stop_reason:
         rows.append(("Why training stopped", record.stop_reason))
@@ -170,7 +178,9 @@ def _ledger_section(record: UnlearnRecord) -> str:
     from .ledger import full_ledger, ledger_markdown
 
     entries = full_ledger(record)
-    earlier = len(entries) - 1
+    if not entries:
+        return ""
+    earlier = len(record.earlier_requests)
     note = (
         f"This model had been unlearned {earlier} time{'s' if earlier > 1 else ''} before this run. "
         if earlier

@@ -82,7 +82,7 @@ class Objective:
     plausible alternatives from the forget records' ``config.alternate_column`` (AltPO), in the same field as the
     refusal batch; ``initial_state(config)``: the objective keeps state across steps (PDU's dual variable), given to
     it as :attr:`LossInputs.state`, updated after each optimizer step by ``update_state(state, config, step,
-    reduce_mean)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved).
+    across_processes)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved).
     """
 
     name: str
@@ -417,6 +417,8 @@ def ce_u_loss(inputs: LossInputs) -> torch.Tensor:
     without_true = answer_logits.detach().scatter(-1, targets, float("-inf"))
     q = F.softmax(without_true, dim=-1)
     cross_entropy = -(q * F.log_softmax(answer_logits, dim=-1)).sum(-1)
+    if inputs.num_items is None and cross_entropy.numel() == 0:
+        return logits.sum() * 0.0  # every answer shorter than the skipped tokens: nothing to unlearn here
     return _mean(cross_entropy.sum(), cross_entropy.numel(), inputs)
 
 
@@ -479,16 +481,21 @@ def _pdu_initial_state(config: Any) -> dict[str, Any]:
 
 
 def _pdu_update_state(
-    state: dict[str, Any], config: Any, step: int, reduce_mean: Callable[[torch.Tensor], Any]
+    state: dict[str, Any], config: Any, step: int, across_processes: Callable[[torch.Tensor], Any]
 ) -> None:
     """The dual ascent step after an optimizer step: ``lambda <- max(0, lambda + eta (L_retain - epsilon))`` with
-    the retain NLL averaged over the step's micro-batches and processes (open-unlearning updates on every
+    the retain NLL of the step's whole batch (its micro-batches and processes; open-unlearning updates on every
     micro-batch and process). ``epsilon`` defaults to ``(1 + pdu_epsilon_slack)`` times the first step's retain
-    loss, the paper's relative bound; no update during the first ``pdu_dual_warmup_steps`` steps."""
+    loss, the paper's relative bound; no update during the first ``pdu_dual_warmup_steps`` steps.
+    ``across_processes(local)`` turns this process's value of the step's retain loss into the whole batch's."""
     pending = state.pop("_pending", [])
+    shares = state.pop("_window_shares", False)
     if not pending:
         return
-    retain_loss = float(reduce_mean(torch.stack(pending).mean()))
+    # Under the trainer each micro-batch's NLL is its share of the window's mean (divided by the window's token
+    # count), so the shares add up; called on its own, each is a plain mean, so they are averaged.
+    local = torch.stack(pending).sum() if shares else torch.stack(pending).mean()
+    retain_loss = float(across_processes(local))
     if state["epsilon"] is None:
         state["epsilon"] = (1.0 + config.pdu_epsilon_slack) * retain_loss
     state["last_retain_loss"] = retain_loss
@@ -511,6 +518,7 @@ def pdu_retain_loss(inputs: LossInputs) -> torch.Tensor:
     nll = answer_nll(inputs)
     state = inputs.state if inputs.state is not None else _pdu_initial_state(inputs.config)
     state.setdefault("_pending", []).append(nll.detach())
+    state["_window_shares"] = inputs.num_items is not None
     return state["dual"] * nll
 
 

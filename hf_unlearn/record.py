@@ -61,6 +61,8 @@ class UnlearnRecord:
         finished_at: when training ended (UTC, ISO 8601); ``None`` in a checkpoint's record.
         earlier_requests: the ledger entries of the unlearning requests the model had gone through before this run
             (read from the folder it was loaded from; :mod:`hf_unlearn.ledger`).
+        objective_state: the state stateful objectives ended with, by objective (PDU: the dual variable ``dual``,
+            the bound ``epsilon`` it used, ``updates``).
     """
 
     method: str
@@ -99,6 +101,7 @@ class UnlearnRecord:
     forget_fingerprint: str | None = None
     finished_at: str | None = None
     earlier_requests: list[dict[str, Any]] = field(default_factory=list)
+    objective_state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def success(self) -> bool:

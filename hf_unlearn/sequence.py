@@ -103,6 +103,32 @@ def earlier_requests_back(
     return findings
 
 
+def _check_before_training(
+    model: Any, forget_sets: list[Any], retain: Any, config: UnlearnConfig, names: list[str]
+) -> None:
+    """What each request's trainer would refuse, checked for every request before the first one changes the model."""
+    from .objectives import FORGET_OBJECTIVES
+    from .trainer import _alternate_answers, _check_context_length, _check_examples, _check_overlap
+
+    forget_name, retain_name = config.objectives
+    if retain_name != "none":
+        if retain is None:
+            raise ValueError(
+                f"Method {config.method!r} has the retain term {retain_name!r} and needs retain data: pass "
+                "retain_records (hf-unlearn sequence: --retain_data), or retain_loss='none'."
+            )
+        _check_examples(retain, "retain")
+        _check_context_length(model, retain, "retain")
+    for name, forget in zip(names, forget_sets, strict=True):
+        where = f"forget (request {name!r})"
+        _check_examples(forget, where)
+        _check_context_length(model, forget, where)
+        if retain is not None:
+            _check_overlap(forget, retain, "retain")
+        if FORGET_OBJECTIVES.get(forget_name) is not None and FORGET_OBJECTIVES[forget_name].needs_alternate:
+            _alternate_answers(list(forget), config.alternate_column, forget_name)
+
+
 def unlearn_sequentially(
     model: Any,
     tokenizer: Any,
@@ -117,13 +143,15 @@ def unlearn_sequentially(
     answer_column: str = "answer",
     max_eval_examples: int | None = 100,
     save: bool = True,
+    earlier_requests: list[dict[str, Any]] | None = None,
 ) -> SequenceResult:
     """Unlearn ``requests`` one after another from ``model`` (each a run of ``config``'s method that stops itself).
 
     Every request is tokenized and checked before the first one trains. The k-th run writes its checkpoints to
     ``<output_dir>/request_<k>``; with ``peft_config`` each run trains a fresh adapter that is merged before the
     next. After each run every request's forget set and the retain set (at most ``max_eval_examples`` each) are
-    measured. With ``save``, ``output_dir`` gets the final model and tokenizer, its run record and model card, the
+    measured. ``earlier_requests`` is the ledger the model came with (default: its folder's). With ``save``,
+    ``output_dir`` gets the final model and tokenizer, its run record and model card, the
     request ledger, ``sequence.json`` / ``sequence.md`` and the sustainability plot ``sustainability.png``.
     """
     from .trainer import UnlearnTrainer
@@ -142,6 +170,8 @@ def unlearn_sequentially(
         if calibration_records is not None
         else None
     )
+
+    _check_before_training(model, forget_sets, retain, config, [r.name for r in requests])
 
     def evaluation_sample(dataset: Any) -> Any:
         dataset = as_records_dataset(dataset)
@@ -165,7 +195,8 @@ def unlearn_sequentially(
 
     history = [{"after_request": 0, "name": None, **measure(model)}]
     came_back: list[dict[str, Any]] = []
-    ledger: list[dict[str, Any]] | None = None
+    # The requests the model went through before (default: the ledger of the folder it was loaded from).
+    ledger: list[dict[str, Any]] | None = list(earlier_requests) if earlier_requests is not None else None
     trainer = None
     for k, (request, forget) in enumerate(zip(requests, forget_sets, strict=True), start=1):
         run_config = copy.deepcopy(config)

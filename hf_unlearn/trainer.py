@@ -525,14 +525,17 @@ class UnlearnTrainer(Trainer):
     def _update_objective_states(self, states: dict[str, dict[str, Any]], step: int) -> None:
         """After an optimizer step: advance each stateful objective, with a mean over processes to keep them equal."""
 
-        def reduce_mean(value: torch.Tensor) -> float:
+        def across_processes(value: torch.Tensor) -> float:
+            # Each process's value is its share of the global mean when the item counts were summed over processes
+            # (average_tokens_across_devices), else its own mean.
             if self.accelerator.num_processes > 1:
-                value = self.accelerator.reduce(value.to(self.args.device), reduction="mean")
+                reduction = "sum" if self._items_are_global else "mean"
+                value = self.accelerator.reduce(value.to(self.args.device), reduction=reduction)
             return float(value)
 
         for objective in self._objectives():
             if objective.update_state is not None and objective.name in states:
-                objective.update_state(states[objective.name], self.args, step, reduce_mean)
+                objective.update_state(states[objective.name], self.args, step, across_processes)
 
     def _objective_state(self, objective: Objective, training: bool) -> dict[str, Any] | None:
         state = self.objective_state_callback.states.get(objective.name)
@@ -1110,6 +1113,7 @@ class UnlearnTrainer(Trainer):
             forget_fingerprint=self.forget_fingerprint,
             finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds") if final else None,
             earlier_requests=list(self.earlier_requests),
+            objective_state=self.objective_state_callback.state()["attributes"]["states"],
             **self._datasets,
         )
         if previous is not None:  # measurements added from outside (before/after, quantization) stay

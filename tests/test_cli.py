@@ -213,3 +213,19 @@ def test_run_with_audit_writes_the_verdicts_into_record_and_card(tmp_path, local
     assert record["audit"]["verdicts"] == audit["verdicts"] and record["relearning"] is not None
     assert "## Robustness" in (out / "README.md").read_text()
     assert json.loads((out / "report.json").read_text())["audit"]["verdicts"] == audit["verdicts"]
+
+
+def test_a_lora_output_unlearned_again_keeps_its_ledger(tmp_path, local_model_and_data):
+    """The adapter folder holds the ledger; the model loaded from it names only its base, so the job reads it."""
+    root = local_model_and_data
+    common = ["--dataset_name", str(root / "forget.json"), "--retain_dataset_name", str(root / "retain.jsonl"),
+              "--max_steps", "2", "--report_to", "none", "--use_cpu", "true", "--evaluate", "false"]  # fmt: skip
+    first, second = tmp_path / "first", tmp_path / "second"
+    lora = ["--lora_r", "4", "--lora_target_modules", "c_attn"]
+    assert main(["run", "--model_name_or_path", str(root / "model"), "--output_dir", str(first), *lora, *common]) == 0
+    assert (first / "adapter_config.json").is_file()
+    ledger = json.loads((first / "unlearning_ledger.json").read_text())["requests"]
+    assert len(ledger) == 1
+    assert main(["run", "--model_name_or_path", str(first), "--output_dir", str(second), *common]) == 0
+    again = json.loads((second / "unlearning_ledger.json").read_text())["requests"]
+    assert [e["request"] for e in again] == [1, 2] and again[0] == ledger[0]

@@ -23,6 +23,10 @@ def test_cut_counts_scored_tokens_and_is_clamped():
     assert continuation_labels(labels, 0.95, 2, 2) == [IGNORE] * 8 + [11, 12]
     # 8 < 5 + 4: too short to split, every token stays scored.
     assert continuation_labels(labels, 0.5, 5, 4) == labels
+    # A first label that is scored (no BOS) is never predicted: it does not count towards the cut.
+    unmasked = [5, 6, 7, 8, 9, 10, 11, 12, 13]  # 8 predicted tokens, as above
+    assert continuation_labels(unmasked, 0.5, 2, 2)[5:] == [10, 11, 12, 13]
+    assert continuation_labels(unmasked, 0.5, 2, 2)[1:5] == [IGNORE] * 4
 
 
 def test_scoring_is_seeded_per_example_and_epoch():

@@ -498,6 +498,7 @@ def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state):
     for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert "pdu_dual_step" in resumed.record.hyperparameters
+    assert resumed.record.objective_state["pdu_dual"]["dual"] == pytest.approx(dual["dual"], rel=1e-5)
 
 
 def test_altpo_takes_alternates_from_the_records_and_comes_to_prefer_them(tmp_path):
@@ -568,3 +569,27 @@ def test_new_methods_run_under_lora_with_the_stopping_rule_and_surgery(tmp_path,
     assert changed and all("lora_" in n for n in changed)
     assert trainer.record.method == method and trainer.record.adapter == "lora"
     assert trainer.record.probe_history and trainer.record.papers
+
+
+def test_pdu_dual_update_sees_the_whole_accumulated_batch(tmp_path, memorized_llama_state):
+    """The retain loss that moves lambda is the step's: 2 micro-batches of 2 give what one batch of 4 gives."""
+    forget = [make_example(i) for i in range(8)]
+    retain = [make_example(1000 + i) for i in range(16)]
+
+    def first_update(batch_size, accumulation):
+        model = make_tiny_model()
+        model.load_state_dict(memorized_llama_state)
+        settings = dict(
+            method="pdu",
+            max_steps=1,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            pdu_epsilon=0.0,
+        )
+        trainer = UnlearnTrainer(model, args(tmp_path / f"{batch_size}", **settings), forget, retain)
+        trainer.train()
+        return trainer.objective_state_callback.states["pdu_dual"]
+
+    whole, accumulated = first_update(4, 1), first_update(2, 2)
+    assert accumulated["last_retain_loss"] == pytest.approx(whole["last_retain_loss"], rel=1e-5)
+    assert accumulated["dual"] == pytest.approx(whole["dual"], rel=1e-5) and whole["dual"] > 1.0

@@ -109,3 +109,25 @@ def test_bad_requests_are_refused_before_any_training(tmp_path, suppressed_setti
         )
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
     assert not os.path.exists(tmp_path / "request_1")
+
+
+def test_what_a_later_request_would_refuse_is_refused_before_the_first_trains(tmp_path, suppressed_setting):
+    setting = suppressed_setting
+    model = copy.deepcopy(setting["target"])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    requests = [("a", setting["forget"][:5]), ("b", setting["forget"][5:])]
+    with pytest.raises(ValueError, match="--retain_data"):
+        unlearn_sequentially(model, setting["tokenizer"], requests, None, config(tmp_path))
+    # AltPO: the second request lacks the alternative answers it needs.
+    bare = [{"question": r["question"], "answer": r["answer"]} for r in setting["forget"][5:]]
+    with_alternates = [dict(r, perturbed_answer=["Nobody knows."]) for r in setting["forget"][:5]]
+    with pytest.raises(ValueError, match="column 'perturbed_answer'"):
+        unlearn_sequentially(
+            model,
+            setting["tokenizer"],
+            [("a", with_alternates), ("b", bare)],
+            setting["retain"],
+            config(tmp_path, method="altpo"),
+        )
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not os.path.exists(tmp_path / "request_1")
