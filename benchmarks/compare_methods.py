@@ -6,9 +6,9 @@ Every method at every learning rate of the grid (MASC included, each run stoppin
 region is defined against a model that never trained on the forget set (forget ROUGE-L at most 0.1 above its own,
 Min-K% membership AUC within 0.1 of its own, retain ROUGE-L >= 0.95x the target's). Prints one table (runs landing
 in the region, time to the region at the best learning rate, grid cost, MASC's single run against each grid) and
-writes compare.json, compare.md and compare.png. About 18 minutes on 2 CPU cores; with `--base_model smollm2
---lora_r 16 --num_authors 10` the same comparison on a real pretrained model (hours: narrow it with
---learning_rates, --seeds and --methods).
+writes compare.json, compare.md and compare.png. About 32 minutes on 2 CPU cores (14 methods); with
+`--base_model smollm2 --lora_r 16 --num_authors 10` the same comparison on a real pretrained model (hours:
+narrow it with --learning_rates, --seeds and --methods).
 """
 
 import os

@@ -410,7 +410,8 @@ def plot_compare(result: dict, path: str) -> str:
         label="region (and forget ROUGE-L low enough)",
     )
     names = list(result["runs"])
-    colors = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
+    # tab20 so that up to 20 methods (14 today) each get a colour of their own.
+    colors = {name: plt.cm.tab20(i % 20) for i, name in enumerate(names)}
     rates = sorted({run["learning_rate"] for runs in result["runs"].values() for run in runs})
     markers = {lr: m for lr, m in zip(rates, "osD^v<>")}
     for name, runs in result["runs"].items():
