@@ -52,9 +52,9 @@ MASC_THRESHOLDS = ("auto", "rho", "calibration")
 def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
     """The one message for gradient surgery under a backend that shards gradients (FSDP, DeepSpeed)."""
     return ValueError(
-        f"gradient_surgery={strategy!r} cannot run with {backend}: it needs each parameter's full forget and retain "
-        f"gradient on every process, and {backend} shards gradients. Use DDP (plain `accelerate launch` or "
-        "torchrun), or gradient_surgery='sum'."
+        f"gradient_surgery={strategy!r} is not available with {backend} yet: {backend} shards the gradients, and "
+        "combining them shard by shard (hf_unlearn.surgery.local_shards) has been tested on its own but not yet "
+        "through Trainer. Use DDP (plain `accelerate launch` or torchrun), or gradient_surgery='sum'."
     )
 
 

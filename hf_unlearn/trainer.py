@@ -146,6 +146,21 @@ def refusal_example(tokenizer: Any, example: Mapping[str, Any], refusal: str) ->
     }
 
 
+def _warn_if_nothing_is_cut(dataset: Sequence[Mapping[str, Any]], args: UnlearnConfig) -> None:
+    """forget_scoring='continuation' on examples too short to split scores them whole: say so rather than let a
+    user believe the prefix is context (typical of short QA answers under the reference's 32 + 32 tokens)."""
+    needed = args.continuation_min_prefix_tokens + args.continuation_min_suffix_tokens
+    long_enough = sum(
+        1 for i in range(len(dataset)) if sum(label != IGNORE_INDEX for label in dataset[i]["labels"][1:]) >= needed
+    )
+    if long_enough < len(dataset):
+        logger.warning(
+            f"forget_scoring='continuation': {len(dataset) - long_enough} of {len(dataset)} forget examples have "
+            f"fewer than {needed} scored tokens (continuation_min_prefix_tokens + continuation_min_suffix_tokens), "
+            "so they are scored whole, as with forget_scoring='answer'. Lower the two minimums for short texts."
+        )
+
+
 def _alternate_answers(examples: Sequence[Mapping[str, Any]], column: str, objective: str) -> list[str]:
     """Example i's alternative answer from ``column``: the text, or the (i mod n)-th of a list (AltPO)."""
     answers = []
@@ -383,6 +398,8 @@ class UnlearnTrainer(Trainer):
         # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
         # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
         self._score_forget = ContinuationScoring.from_config(args, args.data_seed or args.seed)
+        if self._score_forget.enabled:
+            _warn_if_nothing_is_cut(train_dataset, args)
         self.holdout_examples = [self._score_forget(model_inputs(train_dataset[i]), i) for i in holdout_idx]
         self.probe_examples = [
             self._score_forget(example, i)

@@ -156,3 +156,17 @@ def test_tokenize_text_scores_every_token_but_bos():
 def test_bad_continuation_settings_are_named(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):
         config(tmp_path, **overrides)
+
+
+def test_examples_too_short_to_cut_are_named(tmp_path, texts, caplog):
+    with caplog.at_level("WARNING", logger="hf_unlearn.trainer"):
+        UnlearnTrainer(make_tiny_model(), config(tmp_path), texts)  # 29 scored tokens, minimums 4 + 4
+    assert "scored whole" not in caplog.text
+    with caplog.at_level("WARNING", logger="hf_unlearn.trainer"):
+        trainer = UnlearnTrainer(
+            make_tiny_model(),
+            config(tmp_path, continuation_min_prefix_tokens=20, continuation_min_suffix_tokens=20),
+            texts,
+        )
+    assert "8 of 8 forget examples have fewer than 40 scored tokens" in caplog.text
+    assert [e["labels"] for e in trainer.probe_examples] == [e["labels"] for e in texts]
