@@ -76,8 +76,9 @@ def test_two_processes_match_one_process(tmp_path, surgery, launcher):
 
 @pytest.mark.slow
 def test_cli_under_accelerate_launch_reports_once(tmp_path):
-    """`accelerate launch -m hf_unlearn.cli run ...` on a CPU-only machine: both processes train (use_cpu is
-    switched on by itself), the main process alone writes the report and says so once."""
+    """`accelerate launch --config_file examples/accelerate/ddp.yaml -m hf_unlearn.cli run ...` on a CPU-only
+    machine: both processes train (use_cpu is switched on by itself), the main process alone writes the report and
+    says so once."""
     from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 
     tokenizer = build_tokenizer()
@@ -85,7 +86,10 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     load_split("forget05").to_json(tmp_path / "forget.json")
     load_split("retain95").select(range(20)).to_json(tmp_path / "retain.jsonl")
-    command = [sys.executable, *LAUNCHERS["accelerate"](2), "-m", "hf_unlearn.cli", "run",
+    # The shipped accelerate config (examples/accelerate/ddp.yaml), as a user would launch it.
+    config = os.path.join(HERE, "..", "examples", "accelerate", "ddp.yaml")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
+               "-m", "hf_unlearn.cli", "run",
                "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "forget.json"),
                "--retain_dataset_name", str(tmp_path / "retain.jsonl"), "--output_dir", str(tmp_path / "out"),
                "--max_steps", "4", "--probe_interval", "2", "--report_to", "none",
