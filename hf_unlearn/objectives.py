@@ -169,6 +169,18 @@ def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return log_probs.sum(-1)
 
 
+def _log_ratio(inputs: LossInputs) -> torch.Tensor:
+    """``log pi(y|x) - log pi_ref(y|x)`` per sequence (sequence-summed), the quantity NPO and DPO are built on."""
+    return sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(inputs.reference_logits, inputs.labels)
+
+
+def _preference_margin(inputs: LossInputs) -> torch.Tensor:
+    """DPO's margin with the paired batch (:attr:`LossInputs.refusal`: a refusal or an alternative answer) as the
+    chosen answer and the forget answer as the rejected one."""
+    _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
+    return _log_ratio(inputs.refusal) - _log_ratio(inputs)
+
+
 def _vocab_size(model: Any) -> int:
     embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if embeddings is not None and hasattr(embeddings, "weight"):
@@ -261,10 +273,7 @@ def npo_loss(inputs: LossInputs) -> torch.Tensor:
     """
     beta = inputs.config.npo_beta
     _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
-    log_ratio = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
-        inputs.reference_logits, inputs.labels
-    )
-    losses = -(2.0 / beta) * F.logsigmoid(-beta * log_ratio)
+    losses = -(2.0 / beta) * F.logsigmoid(-beta * _log_ratio(inputs))
     return _mean(losses.sum(), losses.numel(), inputs)
 
 
@@ -309,15 +318,7 @@ def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
     ``config.dpo_beta`` (0.1), sequence-summed log-probabilities. open-unlearning scales this loss by 2/beta; we
     keep DPO's own scale.
     """
-    refusal = inputs.refusal
-    _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
-    chosen = sequence_log_prob(refusal.logits, refusal.labels) - sequence_log_prob(
-        refusal.reference_logits, refusal.labels
-    )
-    rejected = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
-        inputs.reference_logits, inputs.labels
-    )
-    losses = -F.logsigmoid(inputs.config.dpo_beta * (chosen - rejected))
+    losses = -F.logsigmoid(inputs.config.dpo_beta * _preference_margin(inputs))
     return _mean(losses.sum(), losses.numel(), inputs)
 
 
@@ -443,16 +444,8 @@ def altpo_loss(inputs: LossInputs) -> torch.Tensor:
     answers with changed facts; a list gives example i its (i mod n)-th); the paper samples 5 per question from the
     model itself.
     """
-    chosen_batch = inputs.refusal
-    _require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
-    chosen = sequence_log_prob(chosen_batch.logits, chosen_batch.labels) - sequence_log_prob(
-        chosen_batch.reference_logits, chosen_batch.labels
-    )
-    rejected = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
-        inputs.reference_logits, inputs.labels
-    )
     beta = inputs.config.altpo_beta
-    losses = -(2.0 / beta) * F.logsigmoid(beta * (chosen - rejected))
+    losses = -(2.0 / beta) * F.logsigmoid(beta * _preference_margin(inputs))
     return _mean(losses.sum(), losses.numel(), inputs)
 
 
