@@ -103,32 +103,6 @@ def earlier_requests_back(
     return findings
 
 
-def _check_before_training(
-    model: Any, forget_sets: list[Any], retain: Any, config: UnlearnConfig, names: list[str]
-) -> None:
-    """What each request's trainer would refuse, checked for every request before the first one changes the model."""
-    from .objectives import FORGET_OBJECTIVES
-    from .trainer import _alternate_answers, _check_context_length, _check_examples, _check_overlap
-
-    forget_name, retain_name = config.objectives
-    if retain_name != "none":
-        if retain is None:
-            raise ValueError(
-                f"Method {config.method!r} has the retain term {retain_name!r} and needs retain data: pass "
-                "retain_records (hf-unlearn sequence: --retain_data), or retain_loss='none'."
-            )
-        _check_examples(retain, "retain")
-        _check_context_length(model, retain, "retain")
-    for name, forget in zip(names, forget_sets, strict=True):
-        where = f"forget (request {name!r})"
-        _check_examples(forget, where)
-        _check_context_length(model, forget, where)
-        if retain is not None:
-            _check_overlap(forget, retain, "retain")
-        if FORGET_OBJECTIVES.get(forget_name) is not None and FORGET_OBJECTIVES[forget_name].needs_alternate:
-            _alternate_answers(list(forget), config.alternate_column, forget_name)
-
-
 def unlearn_sequentially(
     model: Any,
     tokenizer: Any,
@@ -154,7 +128,7 @@ def unlearn_sequentially(
     ``output_dir`` gets the final model and tokenizer, its run record and model card, the
     request ledger, ``sequence.json`` / ``sequence.md`` and the sustainability plot ``sustainability.png``.
     """
-    from .trainer import UnlearnTrainer
+    from .trainer import UnlearnTrainer, check_unlearning_data
 
     requests = _requests(requests)
     tokenize = dict(
@@ -171,7 +145,17 @@ def unlearn_sequentially(
         else None
     )
 
-    _check_before_training(model, forget_sets, retain, config, [r.name for r in requests])
+    # What each request's trainer would refuse, for every request before the first one changes the model.
+    for request, forget in zip(requests, forget_sets, strict=True):
+        check_unlearning_data(
+            model,
+            config,
+            forget,
+            retain,
+            calibration,
+            forget_name=f"forget (request {request.name!r})",
+            retain_hint="retain_records (hf-unlearn sequence: --retain_data)",
+        )
 
     def evaluation_sample(dataset: Any) -> Any:
         dataset = as_records_dataset(dataset)

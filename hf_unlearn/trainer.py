@@ -146,6 +146,40 @@ def refusal_example(tokenizer: Any, example: Mapping[str, Any], refusal: str) ->
     }
 
 
+def check_unlearning_data(
+    model: nn.Module,
+    args: UnlearnConfig,
+    forget: Sequence[Mapping[str, Any]],
+    retain: Sequence[Mapping[str, Any]] | None,
+    calibration: Sequence[Mapping[str, Any]] | None = None,
+    forget_name: str = "forget",
+    retain_hint: str = "retain_dataset=...",
+) -> None:
+    """Everything :class:`UnlearnTrainer` refuses in its data before a weight changes: empty sets, examples without
+    answer tokens or longer than the model's context, a retain set missing for a retain term, forget examples that
+    are also retain or calibration examples, missing alternative answers (AltPO). ``retain_hint`` says how to pass
+    a retain set where the caller is not the trainer (e.g. a CLI flag)."""
+    forget_objective, retain_objective = args.objectives
+    _check_examples(forget, forget_name)
+    if retain_objective != "none":
+        if retain is None:
+            raise ValueError(
+                f"Method {args.method!r} has the retain term {retain_objective!r} and needs a retain_dataset. "
+                f"Pass {retain_hint}, or retain_loss='none' to unlearn without one."
+            )
+        _check_examples(retain, "retain")
+    _check_context_length(model, forget, forget_name)
+    if retain is not None:
+        _check_context_length(model, retain, "retain")
+        _check_overlap(forget, retain, "retain")
+    if calibration is not None:
+        _check_overlap(forget, calibration, "calibration")
+        _check_examples(calibration, "calibration")
+        _check_context_length(model, calibration, "calibration")
+    if get_objective(FORGET_OBJECTIVES, forget_objective, "forget").needs_alternate:
+        _alternate_answers(forget, args.alternate_column, forget_objective)
+
+
 def _warn_if_nothing_is_cut(dataset: Sequence[Mapping[str, Any]], args: UnlearnConfig) -> None:
     """forget_scoring='continuation' on examples too short to split scores them whole: say so rather than let a
     user believe the prefix is context (typical of short QA answers under the reference's 32 + 32 tokens)."""
@@ -328,22 +362,7 @@ class UnlearnTrainer(Trainer):
         self.retain_objective: Objective | None = (
             None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
         )
-        _check_examples(train_dataset, "forget")
-        if self.retain_objective is not None:
-            if retain_dataset is None:
-                raise ValueError(
-                    f"Method {args.method!r} has the retain term {retain_name!r} and needs a retain_dataset. "
-                    "Pass retain_dataset=..., or retain_loss='none' to unlearn without one."
-                )
-            _check_examples(retain_dataset, "retain")
-        _check_context_length(model, train_dataset, "forget")
-        if retain_dataset is not None:
-            _check_context_length(model, retain_dataset, "retain")
-            _check_overlap(train_dataset, retain_dataset, "retain")
-        if calibration_dataset is not None:
-            _check_overlap(train_dataset, calibration_dataset, "calibration")
-            _check_examples(calibration_dataset, "calibration")
-            _check_context_length(model, calibration_dataset, "calibration")
+        check_unlearning_data(model, args, train_dataset, retain_dataset, calibration_dataset)
         if args.stop_target == "auto":
             args.stop_target = "calibration" if calibration_dataset is not None else "alpha"
             logger.info(f"UnlearnTrainer: stop_target='auto' resolved to {args.stop_target!r}.")
