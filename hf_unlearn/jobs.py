@@ -95,6 +95,17 @@ def earlier_requests_of(name: str) -> list[dict[str, Any]] | None:
         return None
 
 
+def _lora_config(rank: int, target_modules: list[str]) -> Any:
+    """The CLI's LoRA adapter (alpha = 2 r, dropout 0.05), or ``None`` for full fine-tuning (rank 0)."""
+    if rank <= 0:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.05, target_modules=target_modules, task_type="CAUSAL_LM"
+    )
+
+
 def _check_model_location(name: str, tokenizer_name: str | None, need_model: bool = True) -> None:
     """Tell a missing local folder, a folder without a model and one without a tokenizer apart from a Hub id."""
     path = os.path.expanduser(name)
@@ -433,9 +444,8 @@ def run_chronicles_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer
             demo_seconds=time.perf_counter() - start,
         ),
     )
-    trainer.save_model(config.output_dir)
+    trainer.save_model(config.output_dir)  # the model, its tokenizer, the record and the card
     if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(config.output_dir)
         write_report(record, config.output_dir)
         table = muse_table({"target": before, "unlearned": after, "retain-only": reference})
         with open(os.path.join(config.output_dir, "muse.md"), "w") as f:
@@ -463,18 +473,8 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         run_args.load_in_4bit,
         tokenizer_name=run_args.tokenizer_name_or_path,
     )
-    peft_config = None
-    if run_args.lora_r > 0:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=run_args.lora_r,
-            lora_alpha=2 * run_args.lora_r,
-            lora_dropout=0.05,
-            target_modules=run_args.lora_target_modules,
-            task_type="CAUSAL_LM",
-        )
-    elif run_args.load_in_4bit:
+    peft_config = _lora_config(run_args.lora_r, run_args.lora_target_modules)
+    if peft_config is None and run_args.load_in_4bit:
         raise ValueError("A 4-bit base cannot be fine-tuned directly: add --lora_r 16 (QLoRA).")
     forget = load_records(run_args.dataset_name, run_args.forget_subset, run_args.forget_split)
     calibration = None
@@ -570,17 +570,7 @@ def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
 
     prepare_output_dir(config.output_dir, config.overwrite_output_dir)
     start = time.perf_counter()
-    peft_config = None
-    if sequence_args.lora_r > 0:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(
-            r=sequence_args.lora_r,
-            lora_alpha=2 * sequence_args.lora_r,
-            lora_dropout=0.05,
-            target_modules=sequence_args.lora_target_modules,
-            task_type="CAUSAL_LM",
-        )
+    peft_config = _lora_config(sequence_args.lora_r, sequence_args.lora_target_modules)
     if sequence_args.model is None:
         from .benchmarks import learn_target_model, load_split, retain_split_for
 
