@@ -7,19 +7,13 @@ and cached on disk like :func:`hf_unlearn.benchmarks.target_model.learn_target_m
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import transformers
 from datasets import Dataset
-from transformers import PreTrainedModel, PreTrainedTokenizerFast, TrainerCallback
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from hf_unlearn.benchmarks.fictitious_chronicles import (
     CHRONICLES_VERSION,
@@ -29,11 +23,10 @@ from hf_unlearn.benchmarks.fictitious_chronicles import (
     split_passage,
 )
 from hf_unlearn.benchmarks.target_model import (
-    _count_parameters,
-    _load_cached,
-    _sft_trainer,
-    _store_in_cache,
-    default_cache_dir,
+    _cache_path,
+    _from_cache,
+    _learn_into_cache,
+    _LearnStopper,
     tiny_model,
 )
 from hf_unlearn.data import tokenize_qa, tokenize_text
@@ -57,25 +50,22 @@ def _prompts_and_continuations(passages: Sequence[str]) -> tuple[list[str], list
     return [prompt for prompt, _ in halves], [continuation for _, continuation in halves]
 
 
-class _VerbMemStopper(TrainerCallback):
-    """Every ``every`` epochs, measure MUSE's VerbMem (mean ROUGE-L F1 of the greedy continuation of each learned
-    passage's first half against its second half, :func:`hf_unlearn.muse.verbmem`) and stop once it is high enough.
+class _VerbMemStopper(_LearnStopper):
+    """MUSE's VerbMem on the learned passages: the mean ROUGE-L F1 of the greedy continuation of each passage's first
+    half against its second half (:func:`hf_unlearn.muse.verbmem`).
 
     ROUGE-L rather than exact continuation: it is the measure unlearning is judged by, and it rewards a model that
     has the passage nearly by heart (one wrong word late in a 40-word continuation) almost fully.
     """
 
     def __init__(self, tokenizer: Any, passages: Sequence[str], target: float, every: int, batch_size: int) -> None:
+        super().__init__(target, every)
         self.tokenizer = tokenizer
         self.prompts, self.continuations = _prompts_and_continuations(passages)
-        self.target = target
-        self.every = every
         self.batch_size = batch_size
-        self.verbmem: float | None = None
-        self.history: list[tuple[int, float]] = []
 
-    def measure(self, model: Any) -> float:
-        self.verbmem = verbmem(
+    def score(self, model: Any) -> float:
+        return verbmem(
             model,
             self.tokenizer,
             self.prompts,
@@ -83,15 +73,6 @@ class _VerbMemStopper(TrainerCallback):
             max_new_tokens=_VERBMEM_NEW_TOKENS,
             batch_size=self.batch_size,
         )
-        return self.verbmem
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
-        epoch = round(state.epoch or 0)
-        if epoch % self.every == 0 or epoch >= args.num_train_epochs:
-            self.history.append((epoch, self.measure(model)))
-            if self.verbmem >= self.target:
-                control.should_training_stop = True
-        return control
 
 
 def learn_chronicles_target_model(
@@ -179,18 +160,13 @@ def learn_chronicles_target_model(
 
     # Validate the split arguments (num_forget_subjects, counts) before looking at the cache.
     forget, retain, holdout = split("forget"), split("retain"), split("holdout")
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / "chronicles" / digest
-
-    if (path / "info.json").is_file():
-        start = time.perf_counter()
-        model, tokenizer = _load_cached(path, show_progress)
-        info = json.loads((path / "info.json").read_text())
+    path = _cache_path(cache_dir, "chronicles", settings)
+    cached = _from_cache(path, show_progress)
+    if cached is not None:
+        model, tokenizer, info = cached
         if info["num_forget_subjects"] != num_forget_subjects:
             # The same full model, cut into forget and retain towns differently: its per-part scores follow the cut.
             info.update(_muse_scores(model, tokenizer, split, holdout_qa()), num_forget_subjects=num_forget_subjects)
-        info.update(cached=True, path=str(path), load_seconds=time.perf_counter() - start)
         return model, tokenizer, info
 
     start = time.perf_counter()
@@ -217,58 +193,38 @@ def learn_chronicles_target_model(
     train = Dataset.from_list(texts + qa)
     stopper = _VerbMemStopper(tokenizer, learned_passages, target_verbmem, eval_every, batch_size=64)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=path.parent))
-    try:
-        trainer = _sft_trainer(
-            model,
-            tokenizer,
-            train,
-            str(staging / "trainer"),
-            max_epochs=max_epochs,
-            learning_rate=learning_rate,
-            batch_size=batch_size,
-            seed=seed,
-            show_progress=show_progress,
-            callbacks=[stopper],
-        )
-        trainer.train()
+    def summarize(trainer: Any, epochs: int) -> tuple[PreTrainedModel, dict[str, Any]]:
         model = trainer.model
-        epochs = round(trainer.state.epoch or 0)
-        measured = stopper.verbmem if stopper.history and stopper.history[-1][0] == epochs else None
-        if measured is None:
-            measured = stopper.measure(model)
+        measured = stopper.final(model, epochs)
         learn_seconds = time.perf_counter() - start
         learned_knowmem = knowmem(
             model, tokenizer, [r["question"] for r in learned_qa], [r["answer"] for r in learned_qa], batch_size=64
         )
-        info = {
-            "epochs": epochs,
+        return model, {
             "verbmem": measured,
             "verbmem_history": stopper.history,
             "knowmem": learned_knowmem,
             "num_forget_subjects": num_forget_subjects,
             **_muse_scores(model, tokenizer, split, holdout_qa()),
             "seconds": learn_seconds,
-            "num_parameters": _count_parameters(model),
-            "num_examples": len(train),
             "num_passages": len(texts),
             "longest_passage_tokens": longest,
-            "final_loss": next(
-                (entry["loss"] for entry in reversed(trainer.state.log_history) if "loss" in entry), None
-            ),
-            "settings": settings,
-            "transformers_version": transformers.__version__,
         }
-        _store_in_cache(model, tokenizer, info, staging, path, show_progress)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    # Return what the cache holds, not the trained object (SFTTrainer leaves a patched forward on it), so a first
-    # and a cached run hand out the same thing.
-    model, tokenizer = _load_cached(path, show_progress)
-    info.update(cached=False, path=str(path))
-    return model, tokenizer, info
+
+    return _learn_into_cache(
+        model,
+        tokenizer,
+        train,
+        path,
+        settings,
+        summarize,
+        stopper,
+        max_epochs=max_epochs,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
+        seed=seed,
+        show_progress=show_progress,
+    )
 
 
 def _muse_scores(model: Any, tokenizer: Any, split: Callable[[str], Dataset], holdout_qa: Dataset) -> dict[str, float]:

@@ -139,37 +139,57 @@ def _count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class _ExactMatchStopper(TrainerCallback):
-    """Every ``every`` epochs, measure greedy exact match on the training QA; stop learning once it is high enough."""
+class _LearnStopper(TrainerCallback):
+    """Every ``every`` epochs (and at the last), measure how well the learned data is known (:meth:`score`); stop
+    learning once it reaches ``target``. ``history`` holds (epoch, score)."""
 
-    def __init__(
-        self, tokenizer: Any, records: Sequence[Mapping[str, Any]], target: float, every: int, batch_size: int
-    ) -> None:
-        self.tokenizer = tokenizer
-        self.questions = [r["question"] for r in records]
-        self.answers = [r["answer"] for r in records]
-        self.max_new_tokens = default_max_new_tokens(tokenizer, self.answers, margin=2)
+    def __init__(self, target: float, every: int) -> None:
         self.target = target
         self.every = every
-        self.batch_size = batch_size
-        self.exact_match: float | None = None
+        self.last: float | None = None
         self.history: list[tuple[int, float]] = []
 
+    def score(self, model: Any) -> float:
+        raise NotImplementedError
+
     def measure(self, model: Any) -> float:
-        predictions = generate_answers(
-            model, self.tokenizer, self.questions, max_new_tokens=self.max_new_tokens, batch_size=self.batch_size
-        )
-        scores = exact_match(predictions, self.answers)
-        self.exact_match = sum(scores) / len(scores)
-        return self.exact_match
+        self.last = self.score(model)
+        return self.last
+
+    def final(self, model: Any, epochs: int) -> float:
+        """The score at the end of learning: the one measured at the last epoch, else measured now."""
+        if self.history and self.history[-1][0] == epochs:
+            return self.last
+        return self.measure(model)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
         epoch = round(state.epoch or 0)
         if epoch % self.every == 0 or epoch >= args.num_train_epochs:
             self.history.append((epoch, self.measure(model)))
-            if self.exact_match >= self.target:
+            if self.last >= self.target:
                 control.should_training_stop = True
         return control
+
+
+class _ExactMatchStopper(_LearnStopper):
+    """Greedy exact match on the training QA."""
+
+    def __init__(
+        self, tokenizer: Any, records: Sequence[Mapping[str, Any]], target: float, every: int, batch_size: int
+    ) -> None:
+        super().__init__(target, every)
+        self.tokenizer = tokenizer
+        self.questions = [r["question"] for r in records]
+        self.answers = [r["answer"] for r in records]
+        self.max_new_tokens = default_max_new_tokens(tokenizer, self.answers, margin=2)
+        self.batch_size = batch_size
+
+    def score(self, model: Any) -> float:
+        predictions = generate_answers(
+            model, self.tokenizer, self.questions, max_new_tokens=self.max_new_tokens, batch_size=self.batch_size
+        )
+        scores = exact_match(predictions, self.answers)
+        return sum(scores) / len(scores)
 
 
 def _sft_trainer(
@@ -301,16 +321,10 @@ def learn_target_model(
             settings[key] = value
     if base_model is not None and base_model not in PRETRAINED_BASES:
         raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / "fictitious_authors" / digest
-
-    if (path / "info.json").is_file():
-        start = time.perf_counter()
-        model, tokenizer = _load_cached(path, show_progress)
-        info = json.loads((path / "info.json").read_text())
-        info.update(cached=True, path=str(path), load_seconds=time.perf_counter() - start)
-        return model, tokenizer, info
+    path = _cache_path(cache_dir, "fictitious_authors", settings)
+    cached = _from_cache(path, show_progress)
+    if cached is not None:
+        return cached
 
     start = time.perf_counter()
     records = generate_benchmark(num_authors, questions_per_author, num_holdout_authors, seed=benchmark_seed)
@@ -352,8 +366,72 @@ def learn_target_model(
     train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
     stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
 
+    def summarize(trainer: Any, epochs: int) -> tuple[PreTrainedModel, dict[str, Any]]:
+        model = trainer.model
+        if lora_r > 0:
+            model = model.merge_and_unload()  # the target is a plain model; unlearning adds its own adapter
+        exact_match = stopper.final(model, epochs)
+        return model, {
+            "exact_match": exact_match,
+            "exact_match_history": stopper.history,
+            "seconds": time.perf_counter() - start,
+        }
+
+    return _learn_into_cache(
+        model,
+        tokenizer,
+        train,
+        path,
+        settings,
+        summarize,
+        stopper,
+        max_epochs=max_epochs,
+        learning_rate=learning_rate,
+        batch_size=batch_size,
+        seed=seed,
+        show_progress=show_progress,
+    )
+
+
+def _cache_path(cache_dir: str | os.PathLike[str] | None, benchmark: str, settings: Mapping[str, Any]) -> Path:
+    """Where a learned model with these settings is cached: a digest of them under the benchmark's folder."""
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return root / benchmark / digest
+
+
+def _from_cache(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any, dict[str, Any]] | None:
+    """The cached model, its tokenizer and ``info`` (with ``cached``, ``path``, ``load_seconds``), or ``None``."""
+    if not (path / "info.json").is_file():
+        return None
+    start = time.perf_counter()
+    model, tokenizer = _load_cached(path, show_progress)
+    info = json.loads((path / "info.json").read_text())
+    info.update(cached=True, path=str(path), load_seconds=time.perf_counter() - start)
+    return model, tokenizer, info
+
+
+def _learn_into_cache(
+    model: PreTrainedModel,
+    tokenizer: Any,
+    train: Dataset,
+    path: Path,
+    settings: Mapping[str, Any],
+    summarize: Callable[[Any, int], tuple[PreTrainedModel, dict[str, Any]]],
+    stopper: _LearnStopper,
+    *,
+    max_epochs: int,
+    learning_rate: float,
+    batch_size: int,
+    seed: int,
+    show_progress: bool,
+) -> tuple[PreTrainedModel, Any, dict[str, Any]]:
+    """Learn ``train`` with TRL's SFTTrainer in a staging folder next to ``path``, until ``stopper`` says so; then
+    ``summarize(trainer, epochs)`` gives the model to keep and the benchmark's own ``info`` fields, the common ones
+    are added, and everything is moved to ``path`` in one rename. Returns what the cache holds, not the trained
+    object (SFTTrainer leaves a patched forward on it), so a first and a cached run hand out the same thing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=path.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         trainer = _sft_trainer(
             model,
@@ -368,33 +446,23 @@ def learn_target_model(
             callbacks=[stopper],
         )
         trainer.train()
-        model = trainer.model
-        if lora_r > 0:
-            model = model.merge_and_unload()  # the target is a plain model; unlearning adds its own adapter
         epochs = round(trainer.state.epoch or 0)
-        exact_match = stopper.exact_match if stopper.history and stopper.history[-1][0] == epochs else None
-        if exact_match is None:
-            exact_match = stopper.measure(model)
-        seconds = time.perf_counter() - start
+        model, own = summarize(trainer, epochs)
         info = {
             "epochs": epochs,
-            "exact_match": exact_match,
-            "exact_match_history": stopper.history,
-            "seconds": seconds,
+            **own,
             "num_parameters": _count_parameters(model),
             "num_examples": len(train),
             "final_loss": next(
                 (entry["loss"] for entry in reversed(trainer.state.log_history) if "loss" in entry), None
             ),
-            "settings": settings,
+            "settings": dict(settings),
             "transformers_version": transformers.__version__,
         }
         _store_in_cache(model, tokenizer, info, staging, path, show_progress)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    # Return what the cache holds, not the trained object (SFTTrainer leaves a patched forward on it), so a
-    # first and a cached run hand out the same thing.
     model, tokenizer = _load_cached(path, show_progress)
     info.update(cached=False, path=str(path))
     return model, tokenizer, info
