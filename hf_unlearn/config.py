@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import TrainingArguments
@@ -50,12 +52,28 @@ MASC_THRESHOLDS = ("auto", "rho", "calibration")
 
 
 def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
-    """The one message for gradient surgery under a backend that shards gradients (FSDP, DeepSpeed)."""
+    """The one message for gradient surgery under a backend whose gradients it cannot reach tensor by tensor."""
+    why = {
+        "DeepSpeed": "DeepSpeed ZeRO moves every gradient into its own flat, partitioned buffers during the backward "
+        "(param.grad stays empty), so the forget and the retain gradient cannot be kept apart per tensor",
+        "FSDP1": "FSDP1 flattens each wrapped module's parameters into one FlatParameter, so per-tensor (per-module) "
+        "dot products and norms are not available",
+    }[backend]
     return ValueError(
-        f"gradient_surgery={strategy!r} is not available with {backend} yet: {backend} shards the gradients, and "
-        "combining them shard by shard (hf_unlearn.surgery.local_shards) has been tested on its own but not yet "
-        "through Trainer. Use DDP (plain `accelerate launch` or torchrun), or gradient_surgery='sum'."
+        f"gradient_surgery={strategy!r} is not available with {backend}: {why}. Use FSDP2 (fsdp_config "
+        "{'version': 2}, the default of transformers 5; surgery is combined shard by shard there), DDP (plain "
+        "`accelerate launch` or torchrun), or gradient_surgery='sum'."
     )
+
+
+def _fsdp_version(fsdp_config: Any) -> int:
+    """The FSDP version an fsdp_config asks for (a dict or a JSON file; transformers' default is 2)."""
+    if isinstance(fsdp_config, str) and os.path.isfile(fsdp_config):
+        with open(fsdp_config) as f:
+            fsdp_config = json.load(f)
+    if not isinstance(fsdp_config, dict):
+        return 2
+    return int(fsdp_config.get("version", fsdp_config.get("fsdp_version", 2)))
 
 
 def _has_accelerator() -> bool:
@@ -394,10 +412,12 @@ class UnlearnConfig(TrainingArguments):
                 "UnlearnConfig: several processes and no accelerator, so use_cpu=True (DDP on the CPU with gloo); "
                 "pass --use_cpu yourself to silence this."
             )
-        for option in ("fsdp", "deepspeed"):
-            # Checked before TrainingArguments sets up either backend, so the message names the real conflict.
-            if self.gradient_surgery != "sum" and getattr(self, option):
-                raise sharded_surgery_error(self.gradient_surgery, option)
+        # Checked before TrainingArguments sets up either backend, so the message names the real conflict (a backend
+        # chosen by an accelerate config file is checked by the trainer).
+        if self.gradient_surgery != "sum" and self.deepspeed:
+            raise sharded_surgery_error(self.gradient_surgery, "DeepSpeed")
+        if self.gradient_surgery != "sum" and self.fsdp and _fsdp_version(self.fsdp_config) == 1:
+            raise sharded_surgery_error(self.gradient_surgery, "FSDP1")
         # Budgets are checked before TrainingArguments reads them: Trainer would take one step for max_steps=0 and
         # save an untouched copy for zero epochs.
         if self.max_steps == 0 or (self.max_steps < -1):

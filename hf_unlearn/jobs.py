@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from datasets import Dataset
@@ -128,6 +130,21 @@ def _check_model_location(name: str, tokenizer_name: str | None, need_model: boo
         )
 
 
+@contextmanager
+def _gathered_for_generation(model: Any) -> Iterator[None]:
+    """Weights partitioned by DeepSpeed ZeRO-3 (loaded under its zero.Init, or trained) gathered whole on every
+    process for the generation-based measurements, as TRL's ``unwrap_model_for_generation`` does; the model must fit
+    on one device for them (``--evaluate false`` skips them). Anything else is measured as it is."""
+    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
+    if not params:
+        yield
+        return
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(params):
+        yield
+
+
 def _evaluate(
     model: Any,
     tokenizer: Any,
@@ -140,17 +157,18 @@ def _evaluate(
     bound with the run's own k and rho, as the record's."""
     from .metrics import evaluate_unlearning
 
-    result = evaluate_unlearning(
-        model,
-        tokenizer,
-        eval_sets["forget"],
-        eval_sets.get("retain"),
-        retain_only_truth_ratios=retain_only_truth_ratios,
-        k=config.masc_k,
-        rho=config.masc_rho,
-        show_progress=True,
-        prompt_template=prompt_template,
-    )
+    with _gathered_for_generation(model):
+        result = evaluate_unlearning(
+            model,
+            tokenizer,
+            eval_sets["forget"],
+            eval_sets.get("retain"),
+            retain_only_truth_ratios=retain_only_truth_ratios,
+            k=config.masc_k,
+            rho=config.masc_rho,
+            show_progress=True,
+            prompt_template=prompt_template,
+        )
     splits = {name: result[name] for name in eval_sets if name in result}
     keys = ("forget_quality", "model_utility", "exact_reproduction_bound", "forget_truth_ratios")
     summary = {key: result[key] for key in keys}
@@ -244,7 +262,7 @@ def unlearn_and_report(
         described = getattr(record, f"{part}_dataset")
         if described is not None and name:
             described["name"] = name
-    if config.quantization_check and trainer.is_world_process_zero():
+    if config.quantization_check and _whole_model_here(trainer, "quantization_check", "quant-check"):
         from .quantize import check_quantization_robustness, quantization_table
 
         record.quantization = check_quantization_robustness(
@@ -355,7 +373,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             "calibration": "hf_unlearn fictitious authors / calibration",
         },
     )
-    if demo_args.audit and trainer.is_world_process_zero():
+    if demo_args.audit and _whole_model_here(trainer, "audit", "audit"):
         from .audit import audit_markdown, audit_record_fields, run_audit
 
         audit = run_audit(
@@ -520,10 +538,24 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             else None,
         },
     )
-    if run_args.audit and trainer.is_world_process_zero():
+    if run_args.audit and _whole_model_here(trainer, "audit", "audit"):
         _audit_after_run(trainer, run_args, config.output_dir)
     trainer.save_model(config.output_dir)
     return trainer
+
+
+def _whole_model_here(trainer: UnlearnTrainer, option: str, command: str) -> bool:
+    """Whether this process should run a check that needs the whole model on one process (the quantization check,
+    the audit): the main process, unless FSDP or ZeRO-3 shard the weights, where a forward on one process alone
+    would wait for the others forever; then the check is left to the saved model, and the user is told how."""
+    if trainer.weights_are_sharded:
+        if trainer.is_world_process_zero():
+            logger.warning(
+                f"{option} is skipped: the weights are sharded across processes (FSDP / DeepSpeed ZeRO-3). Run "
+                f"`hf-unlearn {command} --model_name_or_path {trainer.args.output_dir} ...` on the saved model."
+            )
+        return False
+    return trainer.is_world_process_zero()
 
 
 def _audit_after_run(trainer: UnlearnTrainer, run_args: Any, output_dir: str) -> dict:

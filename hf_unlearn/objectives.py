@@ -184,7 +184,8 @@ def _preference_margin(inputs: LossInputs) -> torch.Tensor:
 def _vocab_size(model: Any) -> int:
     embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if embeddings is not None and hasattr(embeddings, "weight"):
-        return embeddings.weight.shape[0]
+        # ds_shape: the full shape of a weight DeepSpeed ZeRO-3 partitioned (its own shape is then empty).
+        return getattr(embeddings.weight, "ds_shape", embeddings.weight.shape)[0]
     return model.config.get_text_config().vocab_size
 
 

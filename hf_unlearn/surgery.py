@@ -238,11 +238,15 @@ def local_shards(
         return list(forget_grads), list(retain_grads), None
     import torch.distributed as dist
 
-    group = sharded.device_mesh.get_group()
+    # Sum over the mesh dimensions the tensors are sharded on; on a 2-D (HSDP) mesh the replicated dimension already
+    # holds equal gradients after its all-reduce, and summing over it too would count each shard twice.
+    mesh = sharded.device_mesh
+    groups = [mesh.get_group(dim) for dim, placement in enumerate(sharded.placements) if placement.is_shard()]
 
     def reduce_sum(value: torch.Tensor) -> torch.Tensor:
         value = value.clone()
-        dist.all_reduce(value, group=group)
+        for group in groups:
+            dist.all_reduce(value, group=group)
         return value
 
     def to_local(grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:

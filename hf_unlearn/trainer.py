@@ -212,6 +212,66 @@ def _alternate_answers(examples: Sequence[Mapping[str, Any]], column: str, objec
     return answers
 
 
+def _zero_stage(accelerator: Any) -> int | None:
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return None if plugin is None else int(plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+
+
+# Placeholder for a reference copy of a ZeRO-3-partitioned model, made once DeepSpeed is set up.
+_ZERO3_COPY = nn.Identity()
+
+
+def _zero3_partitioned(model: nn.Module) -> bool:
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _zero3_copy(model: nn.Module, accelerator: Any) -> nn.Module:
+    """A copy of a model whose weights ZeRO-3 partitioned at load time: the same class built under ``zero.Init``
+    (partitioned from the start) and filled one gathered parameter at a time, so no process ever holds two whole
+    models. (A deep copy would copy the empty placeholders.)"""
+    import deepspeed
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    dtype = next(model.parameters()).dtype
+    if is_deepspeed_zero3_enabled():  # transformers builds it under zero.Init itself (and skips the random init)
+        reference = model.__class__._from_config(model.config, dtype=dtype)
+    else:
+        with deepspeed.zero.Init(config_dict_or_path=accelerator.state.deepspeed_plugin.deepspeed_config):
+            reference = model.__class__._from_config(model.config, dtype=dtype)
+    with torch.no_grad():
+        for source, target in zip(model.parameters(), reference.parameters(), strict=True):
+            with deepspeed.zero.GatheredParameters([source, target], modifier_rank=0):
+                target.data.copy_(source.data)
+    return reference
+
+
+def _deepspeed_reference(reference: nn.Module, accelerator: Any) -> nn.Module:
+    """A frozen reference partitioned by ZeRO-3 like the trained model, through an inference-only DeepSpeed engine
+    (the way TRL prepares reference models): the training configuration without optimizer or scheduler, and the
+    size-dependent settings left 'auto' set from the model's hidden size (DeepSpeed rejects 'auto')."""
+    import deepspeed
+
+    config = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
+    for section in ("optimizer", "scheduler"):
+        config.pop(section, None)
+    zero = config.setdefault("zero_optimization", {})
+    hidden = getattr(getattr(reference, "config", None), "hidden_size", None) or 1024
+    sizes = {
+        "reduce_bucket_size": hidden * hidden,
+        "stage3_param_persistence_threshold": 10 * hidden,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+    }
+    for key, value in sizes.items():
+        if zero.get(key, "auto") == "auto":
+            zero[key] = value
+    for key in ("offload_optimizer",):
+        zero.pop(key, None)
+    config = {key: value for key, value in config.items() if value != "auto"}
+    config.setdefault("train_micro_batch_size_per_gpu", 1)
+    engine, *_ = deepspeed.initialize(model=reference, config=config)
+    return engine
+
+
 def _frozen_copy(model: nn.Module) -> nn.Module:
     """A deep copy for the reference model that really runs on its own weights.
 
@@ -396,8 +456,10 @@ class UnlearnTrainer(Trainer):
 
         if any(objective.needs_reference(args) for objective in self._objectives()):
             if ref_model is None and not _is_peft_model(model):
-                ref_model = _frozen_copy(model)
-                if args.reference_dtype is not None:
+                # Weights ZeRO-3 partitioned at load time cannot be deep-copied; they are copied partition-wise into
+                # a model built under zero.Init once DeepSpeed is set up (in _prepare_reference).
+                ref_model = _ZERO3_COPY if _zero3_partitioned(model) else _frozen_copy(model)
+                if args.reference_dtype is not None and ref_model is not _ZERO3_COPY:
                     # A cheaper reference for full fine-tuning: half the memory, logits upcast by the objectives.
                     ref_model.to(getattr(torch, args.reference_dtype))
             elif args.reference_dtype is not None and _is_peft_model(model):
@@ -405,7 +467,7 @@ class UnlearnTrainer(Trainer):
                     "UnlearnTrainer: reference_dtype is ignored for a PEFT model, whose reference is its own base "
                     "with the adapters off (no copy is made)."
                 )
-        if ref_model is not None:
+        if ref_model is not None and ref_model is not _ZERO3_COPY:
             ref_model.eval().requires_grad_(False)
         self.ref_model = ref_model
 
@@ -494,14 +556,16 @@ class UnlearnTrainer(Trainer):
             callbacks=callbacks,
             **kwargs,
         )
-        if self.ref_model is not None:
-            self.ref_model.to(self.args.device)
-        if args.gradient_surgery != "sum" and (self.is_deepspeed_enabled or self.is_fsdp_enabled):
+        if args.gradient_surgery != "sum" and self.is_deepspeed_enabled:
             # FSDP/DeepSpeed may come from an accelerate config rather than from args (checked in UnlearnConfig).
-            raise sharded_surgery_error(args.gradient_surgery, "DeepSpeed" if self.is_deepspeed_enabled else "FSDP")
+            raise sharded_surgery_error(args.gradient_surgery, "DeepSpeed")
+        if args.gradient_surgery != "sum" and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
+            raise sharded_surgery_error(args.gradient_surgery, "FSDP1")
+        if self.ref_model is not None:
+            self.ref_model = self._prepare_reference(self.ref_model)
         # Gradient surgery: the forget gradient accumulated over the window lives here while p.grad holds g_r.
-        self._trainable_params = [p for p in self.model.parameters() if p.requires_grad]
-        self._stored_forget_grads: list[torch.Tensor | None] = [None] * len(self._trainable_params)
+        # (Bound again when training starts: FSDP2 replaces the parameters with sharded ones when it wraps the model.)
+        self._bind_trainable_params(self.model)
         # Running sums kept on the device and read only when Trainer logs (no host sync per step).
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._surgery_sums: dict[str, torch.Tensor] = {}
@@ -725,6 +789,13 @@ class UnlearnTrainer(Trainer):
             steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
             num_items_in_batch = {part: count * steps for part, count in counts.items()}
         surgery = self.args.gradient_surgery != "sum"
+        if not self._params_bound_for_training:
+            self._bind_trainable_params(model)
+            self._params_bound_for_training = True
+        if surgery and self.is_fsdp_enabled and not self.accelerator.sync_gradients:
+            # FSDP2 accumulates unsynchronised gradients in its own unsharded buffers, where the forget and the
+            # retain part would mix; reduce-scatter every micro-batch's parts into p.grad instead (as ZeRO-2 does).
+            model.set_requires_gradient_sync(True)
         forget_part = {key: value for key, value in inputs.items() if key != "retain"}
         if surgery:
             self._swap_forget_gradients()
@@ -793,6 +864,47 @@ class UnlearnTrainer(Trainer):
                 "check the data."
             )
         self._nonfinite.clear()
+
+    def _bind_trainable_params(self, model: nn.Module) -> None:
+        if self.is_fsdp_enabled and self.optimizer is not None:
+            # FSDP2 registers a unit's unsharded parameters on the module while it is gathered (and keeps them there
+            # with reshard_after_forward=False); the sharded ones, which get the gradients, are the optimizer's.
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        else:
+            params = list(model.parameters())
+        self._trainable_params = [p for p in params if p.requires_grad]
+        self._stored_forget_grads: list[torch.Tensor | None] = [None] * len(self._trainable_params)
+        self._params_bound_for_training = False
+
+    @property
+    def weights_are_sharded(self) -> bool:
+        """Whether no process holds the whole model (FSDP, DeepSpeed ZeRO-3): forwards must then run on every
+        process, and whole-model checks (quantization, audit) belong to the saved model."""
+        return bool(self.is_fsdp_enabled or (self.is_deepspeed_enabled and _zero_stage(self.accelerator) == 3))
+
+    def _prepare_reference(self, reference: nn.Module) -> nn.Module:
+        """The separate frozen reference, placed like the trained model: under FSDP2 sharded with the same plan
+        (every process holds its shards and gathers a layer at a time, as TRL prepares its reference models);
+        under DeepSpeed ZeRO-3 partitioned by an inference-only DeepSpeed engine; otherwise whole on the device."""
+        if self.is_fsdp_enabled and self.accelerator.is_fsdp2:
+            from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+            reference = fsdp2_prepare_model(self.accelerator, reference.to(self.args.device))
+        elif self.weights_are_sharded:  # DeepSpeed ZeRO-3
+            if reference is _ZERO3_COPY:
+                reference = _zero3_copy(self.accelerator.unwrap_model(self.model), self.accelerator)
+            reference = _deepspeed_reference(reference, self.accelerator)
+        elif reference is _ZERO3_COPY:
+            raise ValueError(
+                "The model's weights are partitioned by DeepSpeed ZeRO-3 (loaded under zero.Init), but this Trainer "
+                "does not run ZeRO-3: pass the same DeepSpeed configuration (deepspeed=... or the accelerate config) "
+                "that was active when the model was loaded."
+            )
+        else:
+            reference = reference.to(self.args.device)
+        reference.eval()  # (DeepSpeed's engine returns None here)
+        reference.requires_grad_(False)
+        return reference
 
     def _swap_forget_gradients(self) -> None:
         for i, param in enumerate(self._trainable_params):
@@ -1225,6 +1337,7 @@ class UnlearnTrainer(Trainer):
                 self.args.output_dir, self.args.overwrite_output_dir, resuming=bool(resume_from_checkpoint)
             )
         start = time.perf_counter()
+        self._params_bound_for_training = False
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         stopping = self.stopping_callback
         if self.args.keep_best_state and stopping.stop_kind is None and "best" in self._snapshots:

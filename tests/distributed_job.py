@@ -1,19 +1,26 @@
-"""A small unlearning run for the distributed tests: `torchrun --nproc_per_node N tests/distributed_job.py OUT`.
+"""A small unlearning run for the distributed tests:
+`torchrun --nproc_per_node N tests/distributed_job.py OUT SURGERY GLOBAL_BATCH [--backend ddp|fsdp2|zero3] ...`.
 
-Every rank writes what it ended with (stop step, probe history, final weights) so the test can compare ranks
-with each other and with a single-process run on the same global batch.
+Every rank writes what it ended with (stop step, probe history, first gradient, final weights, gathered from the
+shards under FSDP2/ZeRO-3) so the test can compare ranks with each other and with a single-process run on the same
+global batch.
 """
 
+import argparse
 import json
 import os
-import sys
 
 import torch
 from conftest import make_tiny_model, make_varied_example, memorize
 from safetensors.torch import save_file
-from transformers import TrainerCallback
+from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
+
+
+def full(tensor):
+    """The whole tensor from an FSDP2 shard (a collective: every rank calls it), or the tensor itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 class FirstGradient(TrainerCallback):
@@ -25,12 +32,47 @@ class FirstGradient(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.grads is None:
-            self.grads = {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
+            self.grads = {
+                n: full(p.grad).detach().clone() for n, p in self.model.named_parameters() if p.grad is not None
+            }
 
 
-def main(out_dir: str, surgery: str, global_batch: int) -> None:
+def let_accelerate_shard_on_cpu() -> None:
+    """accelerate turns FSDP on only for accelerator devices (CUDA, XPU, ...); on a CPU-only machine it would run the
+    FSDP configuration as plain DDP. Mark the gloo CPU processes as FSDP so that Trainer really wraps the model with
+    ``fully_shard`` (DTensor parameters and gradients, reduce-scatter, sharded reference): the code path a GPU run
+    takes, on this machine's CPUs."""
+    import accelerate.state
+    from accelerate.utils import DistributedType
+
+    original = accelerate.state.AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        # Every later AcceleratorState() copies the process state (MULTI_CPU) over the shared one: mark it again.
+        plugin = fsdp_plugin or self.__dict__.get("cpu_fsdp_plugin")
+        if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = self.cpu_fsdp_plugin = plugin
+
+    accelerate.state.AcceleratorState.__init__ = init
+
+
+BACKENDS = {
+    "ddp": {},
+    "fsdp2": {"fsdp": "full_shard",
+              "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}},
+    "zero3": {"deepspeed": {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+                            "zero_optimization": {"stage": 3}}},
+}  # fmt: skip
+
+
+def main(out_dir: str, surgery: str, global_batch: int, backend: str, accumulation: int, retain_loss: str) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
+    if backend == "fsdp2" and world > 1:
+        let_accelerate_shard_on_cpu()
     # Different lengths on each rank: one process's token mean over the global batch is only matched when the
     # ranks count answer tokens together (average_tokens_across_devices), not with a mean of per-rank means.
     forget = [make_varied_example(i) for i in range(8)]
@@ -38,7 +80,8 @@ def main(out_dir: str, surgery: str, global_batch: int) -> None:
     model = memorize(make_tiny_model("llama"), forget + retain, steps=60, lr=2e-2)
     args = UnlearnConfig(
         output_dir=os.path.join(out_dir, "run"),
-        per_device_train_batch_size=global_batch // world,
+        per_device_train_batch_size=global_batch // (world * accumulation),
+        gradient_accumulation_steps=accumulation,
         learning_rate=3e-3,
         forget_weight=0.5,
         retain_weight=1.5,
@@ -47,28 +90,81 @@ def main(out_dir: str, surgery: str, global_batch: int) -> None:
         probe_interval=2,
         max_steps=30,
         gradient_surgery=surgery,
-        retain_loss="nll",
+        retain_loss=retain_loss,
         report_to="none",
         save_strategy="no",
         # No use_cpu: under torchrun on a CPU-only machine UnlearnConfig must choose DDP on the CPU by itself.
         disable_tqdm=True,
         dataloader_drop_last=True,
+        **(BACKENDS[backend] if world > 1 else {}),
     )
+    if backend == "zero3" and world > 1:
+        # As a user's script would: from_pretrained after the DeepSpeed arguments exist, so that transformers loads
+        # the weights already partitioned (zero.Init) and the reference copy has to be made partition-wise.
+        import deepspeed
+
+        # On a GPU, TrainingArguments starts DeepSpeed's process group; with use_cpu (this machine) it starts only
+        # torch's, and zero.Init would partition for one process.
+        assert args.world_size == world
+        deepspeed.init_distributed(dist_backend="gloo")
+        if rank == 0:
+            model.save_pretrained(os.path.join(out_dir, "start"))
+        torch.distributed.barrier()
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "start"))
+        result_extra = {"loaded_partitioned": all(hasattr(p, "ds_id") for p in model.parameters())}
+    else:
+        result_extra = {}
     trainer = UnlearnTrainer(model=model, args=args, train_dataset=forget, retain_dataset=retain)
     first = FirstGradient(trainer.accelerator.unwrap_model(trainer.model))
     trainer.add_callback(first)
     trainer.train()
     save_file(first.grads, os.path.join(out_dir, f"rank{rank}_grads.safetensors"))
     record = trainer.record
-    result = {"stop_step": record.stop_step, "global_step": record.global_step, "history": record.probe_history}
+    reference = [] if trainer.ref_model is None else list(trainer.ref_model.parameters())
+    result = {
+        "stop_step": record.stop_step,
+        "global_step": record.global_step,
+        "history": record.probe_history,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "is_fsdp2": trainer.accelerator.is_fsdp2,
+        "sharded_parameters": any(hasattr(p, "to_local") for p in trainer.model.parameters()),
+        # What this process holds of the frozen reference (its shards under FSDP2 / ZeRO-3), against the full size.
+        "reference_local_numel": sum(_local_numel(p) for p in reference),
+        "reference_numel": sum(
+            getattr(p, "ds_numel", p.numel()) for p in trainer.accelerator.unwrap_model(trainer.model).parameters()
+        ),
+        **result_extra,
+    }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
-    weights = {
-        k: v.detach().contiguous() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()
-    }
+    unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    if trainer.is_deepspeed_enabled:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(unwrapped.parameters())):
+            weights = {k: v.detach().clone().contiguous() for k, v in unwrapped.state_dict().items()}
+    else:
+        weights = {k: full(v).detach().contiguous() for k, v in unwrapped.state_dict().items()}
     save_file(weights, os.path.join(out_dir, f"rank{rank}.safetensors"))
     torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
 
 
+def _local_numel(param) -> int:
+    if hasattr(param, "to_local"):
+        return param.to_local().numel()
+    if hasattr(param, "ds_tensor"):  # DeepSpeed ZeRO-3: this process's partition
+        return param.ds_tensor.numel()
+    return param.numel()
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out_dir")
+    parser.add_argument("surgery")
+    parser.add_argument("global_batch", type=int)
+    parser.add_argument("--backend", default="ddp", choices=sorted(BACKENDS))
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--retain_loss", default="nll")
+    options = parser.parse_args()
+    main(options.out_dir, options.surgery, options.global_batch, options.backend, options.accumulation,
+         options.retain_loss)  # fmt: skip

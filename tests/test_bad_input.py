@@ -162,9 +162,18 @@ def test_divergence_mid_run_names_the_step_and_keeps_the_last_good_checkpoint(tm
 
 
 @pytest.mark.parametrize(
-    "option", [{"fsdp": "full_shard"}, {"deepspeed": {"zero_optimization": {"stage": 2}}}], ids=["fsdp", "deepspeed"]
+    ("option", "backend", "why"),
+    [
+        ({"fsdp": "full_shard", "fsdp_config": {"version": 1}}, "FSDP1", "FlatParameter"),
+        ({"deepspeed": {"zero_optimization": {"stage": 2}}}, "DeepSpeed", "param.grad stays empty"),
+    ],
+    ids=["fsdp1", "deepspeed"],
 )
-def test_gradient_surgery_with_sharded_gradients_is_refused_at_configuration(tmp_path, option):
-    name = next(iter(option))
-    with pytest.raises(ValueError, match=rf"gradient_surgery='sago' is not available with {name} yet"):
+def test_gradient_surgery_where_gradients_are_out_of_reach_is_refused_at_configuration(tmp_path, option, backend, why):
+    with pytest.raises(ValueError, match=rf"gradient_surgery='sago' is not available with {backend}: .*{why}.*FSDP2"):
         args(tmp_path, gradient_surgery="sago", **option)
+
+
+def test_gradient_surgery_with_fsdp2_is_accepted(tmp_path):
+    # transformers 5 means FSDP2 by default; the surgery runs shard by shard (tests/test_fsdp2_trainer.py).
+    assert args(tmp_path, gradient_surgery="sago", fsdp="full_shard").gradient_surgery == "sago"

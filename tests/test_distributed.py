@@ -21,7 +21,7 @@ LAUNCHERS = {
 }  # fmt: skip
 
 
-def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun"):
+def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun", options=()):
     os.makedirs(out_dir, exist_ok=True)
     command = [
         sys.executable,
@@ -30,6 +30,7 @@ def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun"):
         str(out_dir),
         surgery,
         str(global_batch),
+        *options,
     ]
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -74,11 +75,85 @@ def test_two_processes_match_one_process(tmp_path, surgery, launcher):
         # equivalence is checked on the first step's gradient above.
 
 
+@pytest.fixture(scope="module")
+def one_process_runs(tmp_path_factory):
+    """Single-process runs on the same global batch, launched once per (surgery, retain loss) and shared."""
+    runs = {}
+
+    def run(surgery, retain_loss):
+        if (surgery, retain_loss) not in runs:
+            out = tmp_path_factory.mktemp(f"one-{surgery}-{retain_loss}")
+            ((result, weights),) = launch(out, 1, surgery, options=["--retain_loss", retain_loss])
+            runs[surgery, retain_loss] = (result, weights)
+        return runs[surgery, retain_loss]
+
+    return run
+
+
+def assert_ranks_agree(two):
+    (rank0, weights0), (rank1, weights1) = two
+    assert rank0["stop_step"] is not None, rank0["history"]
+    assert rank0["stop_step"] == rank1["stop_step"] and rank0["global_step"] == rank1["global_step"]
+    for name, tensor in weights0.items():
+        torch.testing.assert_close(weights1[name], tensor, rtol=0, atol=0)
+
+
 @pytest.mark.slow
-def test_cli_under_accelerate_launch_reports_once(tmp_path):
-    """`accelerate launch --config_file examples/accelerate/ddp.yaml -m hf_unlearn.cli run ...` on a CPU-only
+@pytest.mark.parametrize(
+    ("surgery", "retain_loss", "accumulation"),
+    [("sago", "nll", 1), ("pcgrad", "kl", 2)],
+    ids=["sago", "pcgrad-kl-accumulation"],
+)
+def test_fsdp2_trainer_matches_one_process(tmp_path, one_process_runs, surgery, retain_loss, accumulation):
+    """Trainer under FSDP2 (fully_shard, DTensor gradients, 2 gloo processes): gradient surgery is combined shard by
+    shard, the KL reference is sharded like the model, and both ranks probe, stop and update as one process does on
+    the same global batch; with gradient accumulation too (each micro-batch's forget and retain gradients are
+    reduce-scattered apart, not mixed in FSDP2's unsharded accumulators)."""
+    options = ["--backend", "fsdp2", "--retain_loss", retain_loss, "--accumulation", str(accumulation)]
+    two = launch(tmp_path, 2, surgery, options=options)
+    one, one_weights = one_process_runs(surgery, retain_loss)
+    assert_ranks_agree(two)
+    (rank0, weights0), _ = two
+    assert rank0["is_fsdp2"] and rank0["sharded_parameters"]
+    assert rank0["stop_step"] == one["stop_step"]
+    if retain_loss == "kl":
+        # Each process holds about half of the frozen reference (its shards), not a whole copy.
+        assert rank0["reference_local_numel"] < 0.6 * rank0["reference_numel"], rank0
+    for name, grad in one["grads"].items():
+        close = torch.isclose(rank0["grads"][name], grad, rtol=1e-4, atol=1e-6)
+        assert close.float().mean() > 0.998, (name, (rank0["grads"][name] - grad).abs().max())
+    if surgery == "pcgrad":
+        for name, tensor in one_weights.items():
+            assert (weights0[name] - tensor).abs().max() < 1e-4, name
+
+
+@pytest.mark.slow
+def test_deepspeed_zero3_partitions_the_reference_and_matches_one_process(tmp_path, one_process_runs):
+    """DeepSpeed ZeRO-3 on 2 CPU processes with the KL reference, the model loaded already partitioned
+    (from_pretrained under zero.Init): the reference is copied partition-wise and partitioned like the model (an
+    inference-only engine), and the run stops and ends where one process does (a wrong reference would change the
+    KL term and the trajectory)."""
+    pytest.importorskip("deepspeed")
+    two = launch(tmp_path, 2, "sum", options=["--backend", "zero3", "--retain_loss", "kl"])
+    one, one_weights = one_process_runs("sum", "kl")
+    assert_ranks_agree(two)
+    (rank0, weights0), _ = two
+    assert rank0["distributed_type"] == "DistributedType.DEEPSPEED" and rank0["loaded_partitioned"]
+    assert rank0["reference_local_numel"] < 0.6 * rank0["reference_numel"], rank0
+    assert rank0["stop_step"] == one["stop_step"]
+    for name, tensor in one_weights.items():
+        assert (weights0[name] - tensor).abs().max() < 1e-4, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_file", ["ddp.yaml", "zero3.yaml"])
+def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
+    """`accelerate launch --config_file examples/accelerate/<file> -m hf_unlearn.cli run ...` on a CPU-only
     machine: both processes train (use_cpu is switched on by itself), the main process alone writes the report and
-    says so once."""
+    says so once. With ZeRO-3 the CLI loads the model partitioned (zero.Init), measures before and after with the
+    weights gathered, and copies the KL reference partition-wise."""
+    if config_file == "zero3.yaml":
+        pytest.importorskip("deepspeed")
     from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 
     tokenizer = build_tokenizer()
@@ -86,8 +161,8 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path):
     tokenizer.save_pretrained(tmp_path / "model")
     load_split("forget05").to_json(tmp_path / "forget.json")
     load_split("retain95").select(range(20)).to_json(tmp_path / "retain.jsonl")
-    # The shipped accelerate config (examples/accelerate/ddp.yaml), as a user would launch it.
-    config = os.path.join(HERE, "..", "examples", "accelerate", "ddp.yaml")
+    # The shipped accelerate config, as a user would launch it.
+    config = os.path.join(HERE, "..", "examples", "accelerate", config_file)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
                "-m", "hf_unlearn.cli", "run",
                "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "forget.json"),
@@ -101,3 +176,6 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path):
     assert (completed.stdout + completed.stderr).count("Written:") == 1
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert report["global_step"] <= 4 and (tmp_path / "out" / "model.safetensors").is_file()
+    # Whole weights were saved (under ZeRO-3 gathered from the partitions, not the empty placeholders).
+    saved = load_file(tmp_path / "out" / "model.safetensors")
+    assert all(tensor.numel() > 0 for tensor in saved.values())

@@ -1,0 +1,224 @@
+"""The prepared GPU check: MASC + KL step rate and peak memory on a ~0.5B model, full and LoRA, surgery vs sum, FSDP2.
+
+    python benchmarks/gpu_check.py [--json gpu_check.json] [--steps 20]          # on a GPU, no network, < 8 min
+    python benchmarks/gpu_check.py --size tiny --device cpu --steps 2            # the same code path on a CPU
+
+A randomly initialised Llama of about 0.5B parameters (hidden 1024, 24 layers; no download) in bf16 unlearns random
+token sequences (256 tokens, batch 8, forget and retain) with MASC + KL. One subprocess per setting, so each peak is
+its own: full fine-tuning with gradient_surgery sum / sago / pcgrad, LoRA r16 (all linear layers) with sum / sago,
+and full fine-tuning under FSDP2 on one process (torchrun, fully_shard). Each row: optimizer steps per second after
+3 warm-up steps (probes off, so the rate is the training step's), the peak of torch.cuda.max_memory_allocated, and
+the bytes the trainer holds by hf_unlearn.memory's prediction, so the table shows what activations and temporaries
+add. The surgery rows also give their step time as a ratio to `sum`'s, measured in the same run. A setting that
+fails is reported with its error; the others still run. The output says what was measured, on what, and when.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SIZES = {
+    "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                 num_key_value_heads=4, vocab_size=32000, sequence=256, batch=8),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512, sequence=32, batch=4),
+}  # fmt: skip
+# (name, adapter, surgery, fsdp2)
+SETTINGS = [
+    ("full, sum", "full", "sum", False),
+    ("full, sago", "full", "sago", False),
+    ("full, pcgrad", "full", "pcgrad", False),
+    ("LoRA r16, sum", "lora", "sum", False),
+    ("LoRA r16, sago", "lora", "sago", False),
+    ("full, sum, FSDP2 (1 process)", "full", "sum", True),
+]
+WARMUP = 3
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def child(setting: int, size: str, device: str, steps: int) -> dict:
+    import torch
+    from peft import LoraConfig
+    from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
+
+    from hf_unlearn import UnlearnConfig, UnlearnTrainer
+    from hf_unlearn.memory import lora_parameter_count, parameter_counts, predicted_state_bytes
+
+    name, adapter, surgery, fsdp2 = SETTINGS[setting]
+    shape = dict(SIZES[size])
+    sequence, batch = shape.pop("sequence"), shape.pop("batch")
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False)).to(dtype)
+    counts = parameter_counts(model)
+    adapters = lora_parameter_count(model, 16, LORA_TARGETS)
+    generator = torch.Generator().manual_seed(1)
+
+    def examples(count: int) -> list[dict]:
+        rows = []
+        for _ in range(count):
+            ids = torch.randint(3, shape["vocab_size"], (sequence,), generator=generator).tolist()
+            rows.append({"input_ids": ids, "attention_mask": [1] * sequence, "labels": [-100] * 16 + ids[16:]})
+        return rows
+
+    forget, retain = examples(8 * batch), examples(8 * batch)
+    extra = {}
+    if fsdp2:
+        extra = {
+            "fsdp": "full_shard",
+            "fsdp_config": {"version": 2, "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]},
+        }
+    args = UnlearnConfig(
+        output_dir=f"/tmp/gpu_check_{setting}",
+        overwrite_output_dir=True,
+        method="masc",
+        retain_loss="kl",
+        gradient_surgery=surgery,
+        per_device_train_batch_size=batch,
+        max_steps=WARMUP + steps,
+        probe_interval=0,
+        stop_on_violation=False,
+        learning_rate=1e-5,
+        bf16=cuda,
+        use_cpu=not cuda,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=10_000,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **extra,
+    )
+    lora = None if adapter == "full" else LoraConfig(r=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+    trainer = UnlearnTrainer(model, args, forget, retain, peft_config=lora)
+
+    class Clock(TrainerCallback):
+        start: float | None = None
+        end: float | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if cuda:
+                torch.cuda.synchronize()
+            if state.global_step == WARMUP:
+                self.start = time.perf_counter()
+            elif state.global_step == WARMUP + steps:
+                self.end = time.perf_counter()
+
+    clock = Clock()
+    trainer.add_callback(clock)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    predicted = predicted_state_bytes(
+        counts,
+        adapter=adapter,
+        dtype="bfloat16" if cuda else "float32",
+        surgery=surgery != "sum",
+        lora_parameters=adapters,
+    )
+    seconds = clock.end - clock.start
+    return {
+        "setting": name,
+        "parameters": counts["total"],
+        "steps_per_second": steps / seconds,
+        "seconds_per_step": seconds / steps,
+        "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+        "predicted_state_gb": predicted.total / 1e9,
+        "fsdp2": bool(trainer.is_fsdp_enabled),
+        "sharded_parameters": any(hasattr(p, "to_local") for p in trainer.model.parameters()),
+    }
+
+
+def run_setting(index: int, size: str, device: str, steps: int, timeout: int) -> dict:
+    name, _, _, fsdp2 = SETTINGS[index]
+    command = [__file__, "--child", str(index), "--size", size, "--device", device, "--steps", str(steps)]
+    if fsdp2:
+        if device != "cuda":
+            return {"setting": name, "error": "skipped: accelerate runs FSDP only on an accelerator"}
+        command = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", *command]
+    started = time.perf_counter()
+    try:
+        completed = subprocess.run(
+            [sys.executable, *command], capture_output=True, text=True, timeout=timeout, env=dict(os.environ)
+        )
+    except subprocess.TimeoutExpired:
+        return {"setting": name, "error": f"timed out after {timeout} s"}
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
+    if completed.returncode != 0 or not lines:
+        return {"setting": name, "error": completed.stderr.strip().splitlines()[-1][:300] if completed.stderr else "?"}
+    row = json.loads(lines[-1])
+    row["wall_seconds"] = time.perf_counter() - started
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    sum_time = next(
+        (r["seconds_per_step"] for r in rows if r.get("setting") == "full, sum" and "error" not in r), None
+    )
+    lora_time = next(
+        (r["seconds_per_step"] for r in rows if r.get("setting") == "LoRA r16, sum" and "error" not in r), None
+    )
+    lines = [
+        "| setting | steps/s | step time vs sum | peak allocated GB | predicted state GB | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['setting']} | - | - | - | - | {row['error']} |")
+            continue
+        base = lora_time if row["setting"].startswith("LoRA") else sum_time
+        ratio = f"{row['seconds_per_step'] / base:.2f}x" if base else "-"
+        peak = "-" if row["peak_allocated_gb"] is None else f"{row['peak_allocated_gb']:.2f}"
+        note = "sharded (DTensor)" if row.get("sharded_parameters") else ""
+        lines.append(
+            f"| {row['setting']} | {row['steps_per_second']:.2f} | {ratio} | {peak} | "
+            f"{row['predicted_state_gb']:.2f} | {note} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--timeout", type=int, default=150, help="seconds allowed per setting")
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    import torch
+
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if options.child is not None:
+        print(json.dumps(child(options.child, options.size, device, options.steps)))
+        return
+    started = time.perf_counter()
+    where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    rows = []
+    for index in range(len(SETTINGS)):
+        rows.append(run_setting(index, options.size, device, options.steps, options.timeout))
+        print(f"  {SETTINGS[index][0]}: {'error' if 'error' in rows[-1] else 'done'}", file=sys.stderr, flush=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parameters = next((r["parameters"] for r in rows if "parameters" in r), 0)
+    print(
+        f"GPU check, {stamp}, on {where} (torch {torch.__version__}): MASC + KL, random Llama of "
+        f"{parameters / 1e6:.1f}M parameters ({options.size}), {'bf16' if device == 'cuda' else 'fp32'}, "
+        f"{options.steps} timed steps after {WARMUP} warm-up steps, probes off; one process per setting; "
+        f"{time.perf_counter() - started:.0f} s in all."
+    )
+    print(table(rows))
+    if options.json:
+        with open(options.json, "w") as f:
+            json.dump({"when": stamp, "device": where, "size": options.size, "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
