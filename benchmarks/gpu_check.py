@@ -24,6 +24,8 @@ import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The repository root, so that the check runs from a plain checkout (no `pip install -e .` needed on the GPU machine).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SIZES = {
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
@@ -103,14 +105,15 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
     class Clock(TrainerCallback):
         start: float | None = None
         end: float | None = None
+        timed_steps = 0
 
         def on_step_end(self, args, state, control, **kwargs):
             if cuda:
                 torch.cuda.synchronize()
             if state.global_step == WARMUP:
                 self.start = time.perf_counter()
-            elif state.global_step == WARMUP + steps:
-                self.end = time.perf_counter()
+            elif self.start is not None:
+                self.end, self.timed_steps = time.perf_counter(), state.global_step - WARMUP
 
     clock = Clock()
     trainer.add_callback(clock)
@@ -120,16 +123,20 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
     predicted = predicted_state_bytes(
         counts,
         adapter=adapter,
-        dtype="bfloat16" if cuda else "float32",
+        # Under FSDP2 with bf16 mixed precision accelerate upcasts the trainable weights to fp32 (master weights).
+        dtype="bfloat16" if cuda and not fsdp2 else "float32",
         surgery=surgery != "sum",
         lora_parameters=adapters,
     )
+    if clock.start is None or clock.end is None or clock.timed_steps == 0:
+        raise RuntimeError(f"fewer than {WARMUP + 1} optimizer steps ran, nothing was timed")
     seconds = clock.end - clock.start
     return {
         "setting": name,
         "parameters": counts["total"],
-        "steps_per_second": steps / seconds,
-        "seconds_per_step": seconds / steps,
+        "timed_steps": clock.timed_steps,
+        "steps_per_second": clock.timed_steps / seconds,
+        "seconds_per_step": seconds / clock.timed_steps,
         "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
         "predicted_state_gb": predicted.total / 1e9,
         "fsdp2": bool(trainer.is_fsdp_enabled),
@@ -153,7 +160,9 @@ def run_setting(index: int, size: str, device: str, steps: int, timeout: int) ->
         return {"setting": name, "error": f"timed out after {timeout} s"}
     lines = [line for line in completed.stdout.splitlines() if line.startswith("{")]
     if completed.returncode != 0 or not lines:
-        return {"setting": name, "error": completed.stderr.strip().splitlines()[-1][:300] if completed.stderr else "?"}
+        # The last line that names an error (torchrun ends its report with a border of '=').
+        errors = [line.strip() for line in completed.stderr.splitlines() if "Error" in line or "error" in line]
+        return {"setting": name, "error": (errors[-1] if errors else f"exit code {completed.returncode}")[:300]}
     row = json.loads(lines[-1])
     row["wall_seconds"] = time.perf_counter() - started
     return row
@@ -190,7 +199,8 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--timeout", type=int, default=150, help="seconds allowed per setting")
+    parser.add_argument("--timeout", type=int, default=75, help="seconds allowed per setting")
+    parser.add_argument("--deadline", type=int, default=450, help="seconds for the whole check; later settings skip")
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     options = parser.parse_args()
@@ -202,11 +212,19 @@ def main() -> None:
         return
     started = time.perf_counter()
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
     for index in range(len(SETTINGS)):
-        rows.append(run_setting(index, options.size, device, options.steps, options.timeout))
-        print(f"  {SETTINGS[index][0]}: {'error' if 'error' in rows[-1] else 'done'}", file=sys.stderr, flush=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        left = options.deadline - (time.perf_counter() - started)
+        if left < 20:
+            rows.append({"setting": SETTINGS[index][0], "error": f"skipped: the {options.deadline} s deadline"})
+        else:
+            rows.append(run_setting(index, options.size, device, options.steps, min(options.timeout, int(left))))
+        # Each row as soon as it exists, so a run cut short still leaves what it measured.
+        print(json.dumps(rows[-1]), flush=True)
+        if options.json:
+            with open(options.json, "w") as f:
+                json.dump({"when": stamp, "device": where, "size": options.size, "rows": rows}, f, indent=2)
     parameters = next((r["parameters"] for r in rows if "parameters" in r), 0)
     print(
         f"GPU check, {stamp}, on {where} (torch {torch.__version__}): MASC + KL, random Llama of "

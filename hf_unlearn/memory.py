@@ -117,7 +117,7 @@ def measured_state_bytes(trainer: Any) -> StateBytes:
     """Bytes this process holds for ``trainer`` right now, counted tensor by tensor: the model's parameters (a
     4-bit weight at its packed size), their gradients, the optimizer's state tensors, a separate reference model's
     parameters, and the stored forget gradients of gradient surgery. Shared storage (tied weights) counts once."""
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
 
     def count(tensors: Any) -> int:
         total = 0
@@ -125,7 +125,9 @@ def measured_state_bytes(trainer: Any) -> StateBytes:
             if tensor is None or not isinstance(tensor, torch.Tensor):
                 continue
             local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-            key = local.untyped_storage().data_ptr() if local.numel() else id(local)
+            # The same memory counts once (tied weights); views into one buffer at different places count each
+            # (FSDP2 keeps a unit's sharded gradients as views of one flat buffer).
+            key = (local.data_ptr(), local.numel()) if local.numel() else (id(local), 0)
             if key in seen:
                 continue
             seen.add(key)

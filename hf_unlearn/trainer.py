@@ -225,14 +225,14 @@ def _zero3_partitioned(model: nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
-def _zero3_copy(model: nn.Module, accelerator: Any) -> nn.Module:
+def _zero3_copy(model: nn.Module, accelerator: Any, reference_dtype: str | None = None) -> nn.Module:
     """A copy of a model whose weights ZeRO-3 partitioned at load time: the same class built under ``zero.Init``
     (partitioned from the start) and filled one gathered parameter at a time, so no process ever holds two whole
     models. (A deep copy would copy the empty placeholders.)"""
     import deepspeed
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    dtype = next(model.parameters()).dtype
+    dtype = getattr(torch, reference_dtype) if reference_dtype else next(model.parameters()).dtype
     if is_deepspeed_zero3_enabled():  # transformers builds it under zero.Init itself (and skips the random init)
         reference = model.__class__._from_config(model.config, dtype=dtype)
     else:
@@ -563,9 +563,10 @@ class UnlearnTrainer(Trainer):
             raise sharded_surgery_error(args.gradient_surgery, "FSDP1")
         if self.ref_model is not None:
             self.ref_model = self._prepare_reference(self.ref_model)
-        # Gradient surgery: the forget gradient accumulated over the window lives here while p.grad holds g_r.
-        # (Bound again when training starts: FSDP2 replaces the parameters with sharded ones when it wraps the model.)
-        self._bind_trainable_params(self.model)
+        # The parameters the optimizer steps, bound when training starts (see _trainable), and, for gradient surgery,
+        # the forget gradient accumulated over the window while p.grad holds g_r.
+        self._trainable_params: list[torch.Tensor] | None = None
+        self._stored_forget_grads: list[torch.Tensor | None] = []
         # Running sums kept on the device and read only when Trainer logs (no host sync per step).
         self._loss_sums: dict[str, torch.Tensor] = {}
         self._surgery_sums: dict[str, torch.Tensor] = {}
@@ -789,9 +790,6 @@ class UnlearnTrainer(Trainer):
             steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
             num_items_in_batch = {part: count * steps for part, count in counts.items()}
         surgery = self.args.gradient_surgery != "sum"
-        if not self._params_bound_for_training:
-            self._bind_trainable_params(model)
-            self._params_bound_for_training = True
         if surgery and self.is_fsdp_enabled and not self.accelerator.sync_gradients:
             # FSDP2 accumulates unsynchronised gradients in its own unsharded buffers, where the forget and the
             # retain part would mix; reduce-scatter every micro-batch's parts into p.grad instead (as ZeRO-2 does).
@@ -865,16 +863,20 @@ class UnlearnTrainer(Trainer):
             )
         self._nonfinite.clear()
 
-    def _bind_trainable_params(self, model: nn.Module) -> None:
-        if self.is_fsdp_enabled and self.optimizer is not None:
-            # FSDP2 registers a unit's unsharded parameters on the module while it is gathered (and keeps them there
-            # with reshard_after_forward=False); the sharded ones, which get the gradients, are the optimizer's.
-            params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        else:
-            params = list(model.parameters())
-        self._trainable_params = [p for p in params if p.requires_grad]
-        self._stored_forget_grads: list[torch.Tensor | None] = [None] * len(self._trainable_params)
-        self._params_bound_for_training = False
+    def _trainable(self) -> list[torch.Tensor]:
+        """The trainable parameters as the optimizer steps them, bound at their first use in a ``train()`` call
+        (from the first probe's snapshot on): FSDP2 replaces the module's parameters with sharded ones when the model
+        is prepared, and after a forward with ``reshard_after_forward=False`` the module even holds the *unsharded*
+        ones, which never get a gradient; the optimizer's are the sharded ones. Binding any earlier would also keep
+        the pre-sharding tensors (a whole model per process) alive."""
+        if self._trainable_params is None:
+            if self.is_fsdp_enabled and self.optimizer is not None:
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            else:
+                params = list(self.model.parameters())
+            self._trainable_params = [p for p in params if p.requires_grad]
+            self._stored_forget_grads = [None] * len(self._trainable_params)
+        return self._trainable_params
 
     @property
     def weights_are_sharded(self) -> bool:
@@ -886,13 +888,17 @@ class UnlearnTrainer(Trainer):
         """The separate frozen reference, placed like the trained model: under FSDP2 sharded with the same plan
         (every process holds its shards and gathers a layer at a time, as TRL prepares its reference models);
         under DeepSpeed ZeRO-3 partitioned by an inference-only DeepSpeed engine; otherwise whole on the device."""
-        if self.is_fsdp_enabled and self.accelerator.is_fsdp2:
+        if self.is_fsdp_enabled and self.accelerator.is_fsdp2 and reference is not _ZERO3_COPY:
             from accelerate.utils.fsdp_utils import fsdp2_prepare_model
 
-            reference = fsdp2_prepare_model(self.accelerator, reference.to(self.args.device))
-        elif self.weights_are_sharded:  # DeepSpeed ZeRO-3
+            # No .to(device) first: fully_shard moves each process's shards itself (and with
+            # cpu_ram_efficient_loading the weights of ranks > 0 are on the meta device until rank 0's are broadcast).
+            reference = fsdp2_prepare_model(self.accelerator, reference)
+        elif self.is_deepspeed_enabled and _zero_stage(self.accelerator) == 3:
             if reference is _ZERO3_COPY:
-                reference = _zero3_copy(self.accelerator.unwrap_model(self.model), self.accelerator)
+                reference = _zero3_copy(
+                    self.accelerator.unwrap_model(self.model), self.accelerator, self.args.reference_dtype
+                )
             reference = _deepspeed_reference(reference, self.accelerator)
         elif reference is _ZERO3_COPY:
             raise ValueError(
@@ -907,14 +913,14 @@ class UnlearnTrainer(Trainer):
         return reference
 
     def _swap_forget_gradients(self) -> None:
-        for i, param in enumerate(self._trainable_params):
+        for i, param in enumerate(self._trainable()):
             param.grad, self._stored_forget_grads[i] = self._stored_forget_grads[i], param.grad
 
     def _combine_gradients(self) -> None:
         # Sharded (FSDP2 DTensor) gradients are combined shard by shard, the dot products summed across processes;
         # the update is written into the retain shards, i.e. into the parameters' DTensor gradients.
         forget_grads, retain_grads, reduce_sum = local_shards(
-            self._stored_forget_grads, [p.grad for p in self._trainable_params]
+            self._stored_forget_grads, [p.grad for p in self._trainable()]
         )
         updates, stats = combine_gradients_(
             forget_grads,
@@ -926,7 +932,7 @@ class UnlearnTrainer(Trainer):
             with_stats=self.args.logging_strategy != "no",
             reduce_sum=reduce_sum,
         )
-        for param, update in zip(self._trainable_params, updates):
+        for param, update in zip(self._trainable(), updates):
             if update is None:
                 continue
             if reduce_sum is None:
@@ -1116,7 +1122,7 @@ class UnlearnTrainer(Trainer):
         """Copy the trainable parameters to host memory (not possible when DeepSpeed partitions them)."""
         if self.is_deepspeed_enabled:
             return
-        self._snapshots[name] = (step, [p.detach().to("cpu", copy=True) for p in self._trainable_params])
+        self._snapshots[name] = (step, [p.detach().to("cpu", copy=True) for p in self._trainable()])
 
     def _restore(self, name: str) -> None:
         if name not in self._snapshots:
@@ -1124,7 +1130,7 @@ class UnlearnTrainer(Trainer):
             return
         step, saved = self._snapshots[name]
         with torch.no_grad():
-            for param, value in zip(self._trainable_params, saved):
+            for param, value in zip(self._trainable(), saved):
                 param.copy_(value.to(param.device))
         self._restored_step = step
         logger.warning(f"UnlearnTrainer: restored the weights of step {step} ({name.replace('_', ' ')} state).")
@@ -1337,7 +1343,7 @@ class UnlearnTrainer(Trainer):
                 self.args.output_dir, self.args.overwrite_output_dir, resuming=bool(resume_from_checkpoint)
             )
         start = time.perf_counter()
-        self._params_bound_for_training = False
+        self._trainable_params, self._stored_forget_grads = None, []
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         stopping = self.stopping_callback
         if self.args.keep_best_state and stopping.stop_kind is None and "best" in self._snapshots:

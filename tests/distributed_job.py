@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn.memory import StateBytesCallback
 
 
 def full(tensor):
@@ -117,6 +118,9 @@ def main(out_dir: str, surgery: str, global_batch: int, backend: str, accumulati
     trainer = UnlearnTrainer(model=model, args=args, train_dataset=forget, retain_dataset=retain)
     first = FirstGradient(trainer.accelerator.unwrap_model(trainer.model))
     trainer.add_callback(first)
+    held = StateBytesCallback(trainer)  # what this process holds before each optimizer step
+    if backend != "zero3":  # DeepSpeed keeps gradients and optimizer states in its own buffers
+        trainer.add_callback(held)
     trainer.train()
     save_file(first.grads, os.path.join(out_dir, f"rank{rank}_grads.safetensors"))
     record = trainer.record
@@ -133,6 +137,7 @@ def main(out_dir: str, surgery: str, global_batch: int, backend: str, accumulati
         "reference_numel": sum(
             getattr(p, "ds_numel", p.numel()) for p in trainer.accelerator.unwrap_model(trainer.model).parameters()
         ),
+        "state_bytes": held.peak.as_dict() if held.peak is not None else None,
         **result_extra,
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:

@@ -175,5 +175,5 @@ def test_gradient_surgery_where_gradients_are_out_of_reach_is_refused_at_configu
 
 
 def test_gradient_surgery_with_fsdp2_is_accepted(tmp_path):
-    # transformers 5 means FSDP2 by default; the surgery runs shard by shard (tests/test_fsdp2_trainer.py).
+    # transformers 5 means FSDP2 by default; the surgery runs shard by shard (tests/test_distributed.py).
     assert args(tmp_path, gradient_surgery="sago", fsdp="full_shard").gradient_surgery == "sago"

@@ -119,6 +119,11 @@ def test_fsdp2_trainer_matches_one_process(tmp_path, one_process_runs, surgery, 
     if retain_loss == "kl":
         # Each process holds about half of the frozen reference (its shards), not a whole copy.
         assert rank0["reference_local_numel"] < 0.6 * rank0["reference_numel"], rank0
+    # ... and about half of the weights, gradients, AdamW moments and surgery buffers one process holds.
+    held, whole = rank0["state_bytes"], one["state_bytes"]
+    for kind in ("weights", "gradients", "optimizer", "reference", "surgery"):
+        assert held[kind] <= 0.6 * whole[kind], (kind, held, whole)
+    assert held["surgery"] > 0 and held["surgery"] == held["gradients"]
     for name, grad in one["grads"].items():
         close = torch.isclose(rank0["grads"][name], grad, rtol=1e-4, atol=1e-6)
         assert close.float().mean() > 0.998, (name, (rank0["grads"][name] - grad).abs().max())
