@@ -26,7 +26,7 @@ from .output_dir import prepare_output_dir, resolve_resume
 from .prompts import describe_prompt_format
 from .record import RECORD_FILE, UnlearnRecord
 from .report import evaluation_markdown, forget_quality_line, report_table, write_report
-from .trainer import UnlearnTrainer
+from .trainer import UnlearnTrainer, zero3_partitioned
 
 logger = logging.get_logger(__name__)
 
@@ -135,13 +135,12 @@ def _gathered_for_generation(model: Any) -> Iterator[None]:
     """Weights partitioned by DeepSpeed ZeRO-3 (loaded under its zero.Init, or trained) gathered whole on every
     process for the generation-based measurements, as TRL's ``unwrap_model_for_generation`` does; the model must fit
     on one device for them (``--evaluate false`` skips them). Anything else is measured as it is."""
-    params = [p for p in model.parameters() if hasattr(p, "ds_id")]
-    if not params:
+    if not zero3_partitioned(model):
         yield
         return
     import deepspeed
 
-    with deepspeed.zero.GatheredParameters(params):
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):  # (it gathers the partitioned ones)
         yield
 
 

@@ -108,11 +108,11 @@ def combine_gradients_(
 ) -> tuple[list[torch.Tensor | None], dict[str, torch.Tensor]]:
     """Combine in place: the update is written into the retain tensors, the forget tensors are consumed.
 
-    Sharded gradients (FSDP2, ZeRO): pass each process's *local shard* of every tensor, in the same order on
-    every process, and ``reduce_sum``, a sum across processes (e.g. an all-reduce). SAGO is elementwise and needs
-    nothing; the per-tensor dot products and norms of PCGrad and BLUR, and the statistics, are summed across
-    processes (one collective for the scalars, one more for SAGO's statistics), so each shard gets exactly the
-    update of the unsharded tensor.
+    Sharded gradients (FSDP2's DTensor shards, see :func:`local_shards`): pass each process's *local shard* of
+    every tensor, in the same order on every process, and ``reduce_sum``, a sum across processes (e.g. an
+    all-reduce). SAGO is elementwise and needs nothing; the per-tensor dot products and norms of PCGrad and BLUR,
+    and the statistics, are summed across processes (one collective for the scalars, one more for SAGO's
+    statistics), so each shard gets exactly the update of the unsharded tensor.
 
     Formulas (DESIGN §4, after arXiv 2604.14808), with gamma = ``forget_weight``, alpha = ``retain_weight``:
 

@@ -221,7 +221,8 @@ def _zero_stage(accelerator: Any) -> int | None:
 _ZERO3_COPY = nn.Identity()
 
 
-def _zero3_partitioned(model: nn.Module) -> bool:
+def zero3_partitioned(model: nn.Module) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitioned the model's weights (loaded under zero.Init, or prepared)."""
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
@@ -264,8 +265,7 @@ def _deepspeed_reference(reference: nn.Module, accelerator: Any) -> nn.Module:
     for key, value in sizes.items():
         if zero.get(key, "auto") == "auto":
             zero[key] = value
-    for key in ("offload_optimizer",):
-        zero.pop(key, None)
+    zero.pop("offload_optimizer", None)
     config = {key: value for key, value in config.items() if value != "auto"}
     config.setdefault("train_micro_batch_size_per_gpu", 1)
     engine, *_ = deepspeed.initialize(model=reference, config=config)
@@ -458,7 +458,7 @@ class UnlearnTrainer(Trainer):
             if ref_model is None and not _is_peft_model(model):
                 # Weights ZeRO-3 partitioned at load time cannot be deep-copied; they are copied partition-wise into
                 # a model built under zero.Init once DeepSpeed is set up (in _prepare_reference).
-                ref_model = _ZERO3_COPY if _zero3_partitioned(model) else _frozen_copy(model)
+                ref_model = _ZERO3_COPY if zero3_partitioned(model) else _frozen_copy(model)
                 if args.reference_dtype is not None and ref_model is not _ZERO3_COPY:
                     # A cheaper reference for full fine-tuning: half the memory, logits upcast by the objectives.
                     ref_model.to(getattr(torch, args.reference_dtype))
@@ -879,10 +879,14 @@ class UnlearnTrainer(Trainer):
         return self._trainable_params
 
     @property
+    def _runs_zero3(self) -> bool:
+        return bool(self.is_deepspeed_enabled and _zero_stage(self.accelerator) == 3)
+
+    @property
     def weights_are_sharded(self) -> bool:
         """Whether no process holds the whole model (FSDP, DeepSpeed ZeRO-3): forwards must then run on every
         process, and whole-model checks (quantization, audit) belong to the saved model."""
-        return bool(self.is_fsdp_enabled or (self.is_deepspeed_enabled and _zero_stage(self.accelerator) == 3))
+        return bool(self.is_fsdp_enabled or self._runs_zero3)
 
     def _prepare_reference(self, reference: nn.Module) -> nn.Module:
         """The separate frozen reference, placed like the trained model: under FSDP2 sharded with the same plan
@@ -894,7 +898,7 @@ class UnlearnTrainer(Trainer):
             # No .to(device) first: fully_shard moves each process's shards itself (and with
             # cpu_ram_efficient_loading the weights of ranks > 0 are on the meta device until rank 0's are broadcast).
             reference = fsdp2_prepare_model(self.accelerator, reference)
-        elif self.is_deepspeed_enabled and _zero_stage(self.accelerator) == 3:
+        elif self._runs_zero3:
             if reference is _ZERO3_COPY:
                 reference = _zero3_copy(
                     self.accelerator.unwrap_model(self.model), self.accelerator, self.args.reference_dtype
