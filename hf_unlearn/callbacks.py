@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import ExportableState, PrinterCallback, ProgressCallback
 from transformers.utils import logging
 
 from .margin import hoeffding_upper_bound
@@ -230,3 +230,32 @@ class ObjectiveStateCallback(TrainerCallback, ExportableState):
             for name, values in self.states.items()
         }
         return {"args": {}, "attributes": {"states": saved}}
+
+
+class QuietProgressCallback(ProgressCallback):
+    """Trainer's progress bar without a printed line per log (the logs still reach ``state.log_history`` and every
+    reporting integration): for the learn stages of the embedded benchmarks, whose bar is the run's one bar."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return None
+
+
+class StageProgressCallback(TrainerCallback):
+    """Training progress shown in the postfix of the run's own progress bar (``bar``, a tqdm) rather than in a bar
+    of Trainer's nested inside it: ``"<label>: step 20/500"``."""
+
+    def __init__(self, bar: Any, label: str) -> None:
+        self.bar = bar
+        self.label = label
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_local_process_zero:
+            self.bar.set_postfix_str(f"{self.label}: step {state.global_step}/{state.max_steps}")
+
+
+def report_progress_in(trainer: Any, bar: Any, label: str) -> None:
+    """Let ``trainer`` show its progress in ``bar`` only: Trainer's own bar (or, with ``disable_tqdm``, its printed
+    line per log) is removed."""
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StageProgressCallback(bar, label))

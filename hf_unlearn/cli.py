@@ -17,8 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import HfArgumentParser
+from transformers.utils import logging
 
 from .config import UnlearnConfig
+
+logger = logging.get_logger(__name__)
 
 PROMPT_TEMPLATE_HELP = (
     "The format the model was fine-tuned in: default the tokenizer's chat template if it has one, else "
@@ -497,15 +500,30 @@ TRACEBACK_VARIABLE = "HF_UNLEARN_TRACEBACK"
 
 
 def quiet_third_party() -> None:
-    """No output a user cannot act on: bitsandbytes' note about an optional CPU kernel package, and the datasets
-    library's per-call progress bars (each stage has its own)."""
+    """No output a user cannot act on: bitsandbytes' note about an optional CPU kernel package, DeepSpeed's note that
+    it found no GPU, and the per-call progress bars of datasets and of transformers' weight loading and saving (the
+    run has one bar).
+
+    DeepSpeed is imported by accelerate, not by this package, whenever it is installed (accelerate's
+    ``extract_model_from_parallel``, which Trainer calls while it is built, does ``from deepspeed import
+    DeepSpeedEngine``); on a machine without a GPU DeepSpeed then warns "Setting accelerator to CPU".
+    ``DS_ACCELERATOR=cpu`` (unless set already) is the choice its detection makes there anyway, made explicit,
+    which it does not warn about."""
     import logging as python_logging
+
+    import torch
+
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+        logger.info("No GPU, so DS_ACCELERATOR=cpu for DeepSpeed (accelerate imports it when it is installed).")
 
     python_logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(python_logging.ERROR)
     python_logging.getLogger("bitsandbytes.cextension").setLevel(python_logging.ERROR)
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
+    # transformers' bars for loading and writing weight shards (the run's bar, and Trainer's, are tqdm's own).
+    logging.disable_progress_bar()
 
 
 def main(argv: list[str] | None = None) -> int:

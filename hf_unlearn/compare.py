@@ -34,6 +34,7 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
+from .callbacks import report_progress_in
 from .config import UnlearnConfig
 from .data import build_qa_dataset, prompt_and_completion
 from .membership import membership_auc, membership_scores
@@ -274,6 +275,7 @@ def run_compare(cli: CompareArguments) -> dict:
                 peft_config=peft_config,
                 calibration_dataset=calibration,
             )
+            report_progress_in(trainer, progress, f"masc lr={lr:g} seed={seed}")
             trainer.train()
             record = trainer.record
             row = measure(trainer.model)
@@ -318,6 +320,7 @@ def run_compare(cli: CompareArguments) -> dict:
                     callbacks=[evaluator],
                     peft_config=peft_config,
                 )
+                report_progress_in(trainer, progress, f"{method} lr={lr:g} seed={seed}")
                 trainer.train()
                 first = next((row for row in evaluator.epochs if in_region(row, region)), None)
                 final = evaluator.epochs[-1]

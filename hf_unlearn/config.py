@@ -435,6 +435,11 @@ class UnlearnConfig(TrainingArguments):
                 "max_steps."
             )
         super().__post_init__()
+        if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
+            # Pinned memory only speeds up copies to an accelerator; without one torch's DataLoader warns at every
+            # epoch that it is set but unused.
+            self.dataloader_pin_memory = False
+            logger.info("UnlearnConfig: no accelerator, so dataloader_pin_memory=False.")
         if self.method not in METHODS:
             raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
         if self.competitor_source not in COMPETITOR_SOURCES:

@@ -179,29 +179,40 @@ def as_records_dataset(records: QARecords, name: str = "forget", text_columns: S
     if not records:
         return Dataset.from_dict({})
     where = f"The {name} set"
-    records = [
-        {
-            **record,
-            **{c: _text_value(record[c], c, i, where) for c in text_columns if c in record},
-        }
-        for i, record in enumerate(records)
-    ]
+    records = [dict(record) for record in records]
+    for column in text_columns:
+        rows = [i for i, record in enumerate(records) if column in record]
+        texts = _text_values([records[i][column] for i in rows], column, where, rows)
+        for i, text in zip(rows, texts, strict=True):
+            records[i][column] = text
     return Dataset.from_list(records)
 
 
-def _text_value(value: Any, column: str, row: int, where: str) -> str:
-    """A question or answer as text; numbers become text (with a warning), anything else is an error."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        logger.warning(
-            f"{where}: column {column!r}, row {row} holds the number {value!r}; it is used as the text {str(value)!r}."
+def _text_values(values: Sequence[Any], column: str, where: str, rows: Sequence[int] | None = None) -> list[str]:
+    """A column of questions, answers or texts as text: numbers become text (one warning for the column, however many
+    rows hold them), anything else is an error naming the first bad row (``rows``: the row number of each value)."""
+    texts, numeric = [], []
+    for index, value in enumerate(values):
+        row = index if rows is None else rows[index]
+        if isinstance(value, str):
+            texts.append(value)
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numeric.append(index)
+            texts.append(str(value))
+            continue
+        raise TypeError(
+            f"{where}: column {column!r}, row {row} holds "
+            f"{'nothing (null)' if value is None else type(value).__name__ + ' ' + repr(value)[:60]}; "
+            f"every {column!r} must be a text string."
         )
-        return str(value)
-    raise TypeError(
-        f"{where}: column {column!r}, row {row} holds {'nothing (null)' if value is None else type(value).__name__} "
-        f"{'' if value is None else repr(value)[:60]}; every {column!r} must be a text string."
-    )
+    if numeric:
+        first = numeric[0]
+        logger.warning(
+            f"{where}: column {column!r} holds numbers in {len(numeric)} of {len(texts)} rows (first: row "
+            f"{first if rows is None else rows[first]}, {values[first]!r}); they are used as text ({texts[first]!r})."
+        )
+    return texts
 
 
 def check_qa_records(
@@ -222,8 +233,8 @@ def check_qa_records(
                 f"{where} has no column {column!r}; it has {dataset.column_names}. "
                 "Pass question_column/answer_column to name the right ones."
             )
-    questions = [_text_value(v, question_column, i, where) for i, v in enumerate(dataset[question_column])]
-    answers = [_text_value(v, answer_column, i, where) for i, v in enumerate(dataset[answer_column])]
+    questions = _text_values(dataset[question_column], question_column, where)
+    answers = _text_values(dataset[answer_column], answer_column, where)
     empty = [i for i, answer in enumerate(answers) if not answer.strip()]
     if len(empty) == len(answers):
         raise ValueError(
@@ -248,6 +259,17 @@ def check_qa_records(
             "trained on, so repeated examples weigh more."
         )
     return empty
+
+
+def _as_text_columns(dataset: Dataset, columns: Sequence[str]) -> Dataset:
+    """Numeric question or answer columns (a JSON file of numbers) as text, as :func:`check_qa_records` read them."""
+    from datasets import Value
+
+    for column in columns:
+        feature = dataset.features.get(column)
+        if isinstance(feature, Value) and feature.dtype not in ("string", "large_string"):
+            dataset = dataset.cast_column(column, Value("string"))
+    return dataset
 
 
 def rename_qa_columns(dataset: Dataset, question_column: str, answer_column: str) -> Dataset:
@@ -283,7 +305,9 @@ def build_qa_dataset(
     check_prompt_template(prompt_template)
     dataset = as_records_dataset(records, name, (question_column, answer_column))
     check_qa_records(dataset, question_column, answer_column, name, source)
-    dataset = rename_qa_columns(dataset, question_column, answer_column)
+    dataset = rename_qa_columns(
+        _as_text_columns(dataset, (question_column, answer_column)), question_column, answer_column
+    )
 
     def encode(example: Mapping[str, Any]) -> dict[str, Any]:
         question, answer = example["question"], example["answer"]
@@ -317,7 +341,7 @@ def build_text_dataset(
         raise ValueError(
             f"{where} has no column {text_column!r}; it has {dataset.column_names}. Pass text_column to name it."
         )
-    texts = [_text_value(v, text_column, i, where) for i, v in enumerate(dataset[text_column])]
+    texts = _text_values(dataset[text_column], text_column, where)
     empty = [i for i, text in enumerate(texts) if not text.strip()]
     if empty:
         raise ValueError(f"{where}: {len(empty)} {text_column!r} value(s) are empty (rows {empty[:5]}); drop them.")

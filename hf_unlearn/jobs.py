@@ -19,6 +19,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
+from .callbacks import report_progress_in
 from .config import UnlearnConfig
 from .data import build_qa_dataset, ensure_pad_token
 from .loaders import TOKENIZER_FILES, load_records, looks_like_path, missing_path_error, offline_hint
@@ -76,6 +77,12 @@ def load_model_and_tokenizer(
         raise ValueError(
             f"{name!r} cannot be loaded as a causal language model (AutoModelForCausalLM): {error}"
         ) from error
+    if load_in_4bit:
+        from .quantize import keep_4bit_layers_trainable
+
+        # Before any measurement: on CPUs with AVX-512 BF16 bitsandbytes would repack the weights for inference at the
+        # first eval-mode forward (and assert on layers whose out features are not a multiple of 32).
+        keep_4bit_layers_trainable(model)
     ensure_pad_token(tokenizer)
     return model, tokenizer
 
@@ -165,7 +172,6 @@ def _evaluate(
             retain_only_truth_ratios=retain_only_truth_ratios,
             k=config.masc_k,
             rho=config.masc_rho,
-            show_progress=True,
             prompt_template=prompt_template,
         )
     splits = {name: result[name] for name in eval_sets if name in result}
@@ -240,6 +246,7 @@ def unlearn_and_report(
         peft_config=peft_config,
         calibration_dataset=calibration,
     )
+    report_progress_in(trainer, stages, f"unlearning ({config.method})")
     if earlier_requests is not None:
         trainer.earlier_requests = list(earlier_requests)
     trainer.train(resume_from_checkpoint=resume)

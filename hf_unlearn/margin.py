@@ -73,7 +73,7 @@ def restricted_margin(
         )
     mask = labels != IGNORE_INDEX
     targets = labels.masked_fill(~mask, 0)
-    target_logit = _upcast(logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+    target_logit = upcast_half(logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
 
     chooser = logits if teacher_logits is None else teacher_logits
     with torch.no_grad():
@@ -82,13 +82,16 @@ def restricted_margin(
         if teacher_logits is not None and delta is not None:
             best_other = chosen_values.masked_fill(~keep, float("-inf")).amax(-1, keepdim=True)
             keep &= chosen_values >= best_other - delta
-    competitor_logits = _upcast(logits.gather(-1, chosen_index))
+    competitor_logits = upcast_half(logits.gather(-1, chosen_index))
     scaled = (beta * competitor_logits).masked_fill(~keep, float("-inf"))
     margins = beta * target_logit - torch.logsumexp(scaled, dim=-1)
     return MarginResult(margins=margins, mask=mask)
 
 
-def _upcast(values: torch.Tensor) -> torch.Tensor:
+def upcast_half(values: torch.Tensor) -> torch.Tensor:
+    """Half-precision values in float32, anything wider as it is: the reference code upcasts bf16/fp16 logits before
+    a softmax or margin (bf16 margins of logits around 20-40 are off by up to 0.15), and a float64 model keeps its
+    precision (``.float()`` would round it down to float32)."""
     return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
 
 
@@ -181,14 +184,14 @@ def calibration_gap(margins: torch.Tensor, calibration_margins: torch.Tensor) ->
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of each answer token (float32) and the answer-token mask, after the causal shift.
+    """Log-probability of each answer token (at least float32) and the answer-token mask, after the causal shift.
 
     ``logits`` (B, T, V) and ``labels`` (B, T) as the model returns and takes them; positions whose shifted label
     is ``-100`` get 0 and are False in the mask.
     """
     logits, labels = shift_for_causal_lm(logits, labels)
     mask = labels != IGNORE_INDEX
-    log_probs = -F.cross_entropy(logits.transpose(1, 2).float(), labels.masked_fill(~mask, 0), reduction="none")
+    log_probs = -F.cross_entropy(upcast_half(logits.transpose(1, 2)), labels.masked_fill(~mask, 0), reduction="none")
     return log_probs * mask, mask
 
 

@@ -22,7 +22,14 @@ import torch.nn.functional as F
 from transformers.utils import logging
 
 from .data import IGNORE_INDEX
-from .margin import calibrated_thresholds, masc_hinge, restricted_margin, shift_for_causal_lm, token_log_probs
+from .margin import (
+    calibrated_thresholds,
+    masc_hinge,
+    restricted_margin,
+    shift_for_causal_lm,
+    token_log_probs,
+    upcast_half,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -345,10 +352,13 @@ def undial_loss(inputs: LossInputs) -> torch.Tensor:
     _require_answer_tokens(mask, inputs)
     # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
     answer_labels = labels[mask].unsqueeze(-1)
-    lowered = torch.full(answer_labels.shape, -inputs.config.undial_beta, device=logits.device)
-    adjusted = reference[mask].float().scatter_add(-1, answer_labels, lowered)
+    reference_answers = upcast_half(reference[mask])
+    lowered = torch.full(
+        answer_labels.shape, -inputs.config.undial_beta, device=logits.device, dtype=reference_answers.dtype
+    )
+    adjusted = reference_answers.scatter_add(-1, answer_labels, lowered)
     target = F.softmax(adjusted, dim=-1)
-    cross_entropy = -(target * F.log_softmax(logits[mask].float(), dim=-1)).sum(-1)
+    cross_entropy = -(target * F.log_softmax(upcast_half(logits[mask]), dim=-1)).sum(-1)
     return _mean(cross_entropy.sum(), cross_entropy.numel(), inputs)
 
 
@@ -414,7 +424,7 @@ def ce_u_loss(inputs: LossInputs) -> torch.Tensor:
     if skip > 0:
         mask = mask & (mask.long().cumsum(-1) > skip)
     # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
-    answer_logits = logits[mask].float()
+    answer_logits = upcast_half(logits[mask])
     targets = labels[mask].unsqueeze(-1)
     without_true = answer_logits.detach().scatter(-1, targets, float("-inf"))
     q = F.softmax(without_true, dim=-1)
@@ -465,7 +475,7 @@ def pdu_forget_loss(inputs: LossInputs) -> torch.Tensor:
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
     mask = labels != IGNORE_INDEX
     _require_answer_tokens(mask, inputs)
-    answer_logits = logits[mask].float()
+    answer_logits = upcast_half(logits[mask])
     flatness = (answer_logits.amax(-1) - answer_logits.mean(-1)).pow(2)
     return _mean(flatness.sum(), flatness.numel(), inputs)
 
@@ -522,7 +532,7 @@ def _rmu_hidden(hidden_states: tuple[torch.Tensor, ...], layer: int) -> torch.Te
 
 def _masked_squared_error(hidden: torch.Tensor, target: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
     """Per attended token, the mean squared error across the hidden dimension; averaged over attended tokens."""
-    per_token = (hidden.float() - target.float()).pow(2).mean(-1)
+    per_token = (upcast_half(hidden) - upcast_half(target)).pow(2).mean(-1)
     mask = inputs.attention_mask.to(per_token.dtype)
     return _mean((per_token * mask).sum(), mask.sum(), inputs)
 
@@ -649,6 +659,6 @@ def retain_kl_loss(inputs: LossInputs) -> torch.Tensor:
     mask = labels != IGNORE_INDEX
     _require_answer_tokens(mask, inputs)
     # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
-    log_p = F.log_softmax(logits[mask].float(), dim=-1)
-    log_p_ref = F.log_softmax(reference[mask].float(), dim=-1)
+    log_p = F.log_softmax(upcast_half(logits[mask]), dim=-1)
+    log_p_ref = F.log_softmax(upcast_half(reference[mask]), dim=-1)
     return _mean(F.kl_div(log_p, log_p_ref, log_target=True, reduction="sum"), mask.sum(), inputs)

@@ -8,28 +8,87 @@ NF4, FP4 and 8-bit reloads (bitsandbytes) and flags a forget metric that moved b
 
 from __future__ import annotations
 
-import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+from transformers.utils import logging
 
 from .metrics import evaluate_qa
+
+logger = logging.get_logger(__name__)
 
 QUANTIZATION_MODES = ("nf4", "fp4", "int8")
 # A forget metric that rises by more than this after quantization counts as knowledge coming back.
 RETURN_THRESHOLD = 0.05
+# bitsandbytes' 4-bit inference layout for CPUs with AVX-512 BF16 packs output features in blocks of 32 and regroups
+# each row's quantization scales, one per block of 64 input features (its 4-bit blocksize); it converts at the first
+# eval-mode forward without gradients and fails there on any other shape (bitsandbytes 0.49-0.50).
+CPU_PACKING_OUT_MULTIPLE = 32
+CPU_PACKING_IN_MULTIPLE = 64
+CPU_PACKING_REASON = (
+    f"bitsandbytes' 4-bit CPU kernel for AVX-512 BF16 needs out features in multiples of {CPU_PACKING_OUT_MULTIPLE} "
+    f"and in features in multiples of {CPU_PACKING_IN_MULTIPLE}"
+)
 
 
-def quantization_config(mode: str) -> Any:
+def quantization_config(mode: str, skip_modules: list[str] | None = None) -> Any:
+    """bitsandbytes' config for ``mode``; ``skip_modules`` (full module names) stay in full precision, in place of
+    transformers' default list (the output embedding), so pass that too (:func:`modules_to_keep_for_cpu`)."""
     from transformers import BitsAndBytesConfig
 
     if mode in ("nf4", "fp4"):
-        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=mode, bnb_4bit_compute_dtype=torch.float32)
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=mode,
+            bnb_4bit_compute_dtype=torch.float32,
+            llm_int8_skip_modules=skip_modules,
+        )
     if mode == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
     raise ValueError(f"Unknown quantization mode {mode!r}; choose from {QUANTIZATION_MODES}.")
+
+
+def repacks_4bit_on_this_cpu() -> bool:
+    """Whether bitsandbytes repacks 4-bit weights into its AVX-512 BF16 inference layout on this CPU."""
+    try:
+        from bitsandbytes.functional import has_avx512bf16
+    except ImportError:  # no bitsandbytes, or one without that kernel
+        return False
+    return bool(has_avx512bf16())
+
+
+def modules_to_keep_for_cpu(config: Any) -> tuple[list[str], dict[str, list[int]]]:
+    """For a model of ``config`` quantized to 4 bits on this CPU: the modules to keep in full precision, and of those
+    the ones kept only because their shape does not fit bitsandbytes' CPU layout (``{name: [out, in]}``).
+
+    On a CPU with AVX-512 BF16, bitsandbytes fails (``N must be divisible by block_n``, or a reshape error) in the
+    first forward of a layer whose shape its inference layout cannot hold (:data:`CPU_PACKING_REASON`); such layers
+    are kept in full precision through bitsandbytes' own skip list. Elsewhere (other CPUs, GPUs) nothing is added to
+    transformers' default list. The names come from the model built on the meta device (no weights are read)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    default = get_keys_to_not_convert(model)
+    unfit: dict[str, list[int]] = {}
+    if repacks_4bit_on_this_cpu():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                out_features, in_features = module.out_features, module.in_features
+            elif isinstance(module, Conv1D):  # GPT-2's transposed linear layers
+                in_features, out_features = module.weight.shape
+            else:
+                continue
+            kept = any(name == key or name.startswith(key + ".") for key in default)
+            if not kept and (out_features % CPU_PACKING_OUT_MULTIPLE or in_features % CPU_PACKING_IN_MULTIPLE):
+                unfit[name] = [out_features, in_features]
+    return sorted(set(default) | set(unfit)), unfit
 
 
 def keep_4bit_layers_trainable(model: Any) -> int:
@@ -83,7 +142,7 @@ def check_quantization_robustness(
     Returns ``{"full_precision": {...}, "nf4": {"forget": ..., "retain": ..., "change": ..., "knowledge_returned":
     bool, "quantized_layers": int}, ...}``; ``change`` is quantized minus full precision for every metric.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     with tempfile.TemporaryDirectory() as scratch:
         if isinstance(model_or_path, str | os.PathLike):
@@ -95,14 +154,24 @@ def check_quantization_robustness(
         if full_precision is None:
             full_precision = _measure(reference_model, tokenizer, forget_records, retain_records, prompt_template)
         result: dict[str, Any] = {"full_precision": full_precision}
-        for mode in modes:
-            # bitsandbytes warns once per 8-bit matmul that it casts fp32 inputs to fp16; that is expected here.
-            logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-            quantized = AutoModelForCausalLM.from_pretrained(
-                path, quantization_config=quantization_config(mode), device_map="cpu"
+        skip, unfit = modules_to_keep_for_cpu(AutoConfig.from_pretrained(path))
+        if unfit and any(mode in ("nf4", "fp4") for mode in modes):
+            logger.warning(
+                f"Quantization check: {len(unfit)} layer(s) stay in full precision in the 4-bit models on this CPU, "
+                f"because {CPU_PACKING_REASON}: "
+                + ", ".join(f"{name} ({out} x {inp})" for name, (out, inp) in unfit.items())
+                + ". On a GPU or a CPU without AVX-512 BF16 they are quantized too."
             )
-            layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
-            measured = _measure(quantized, tokenizer, forget_records, retain_records, prompt_template)
+        for mode in modes:
+            four_bit = mode in ("nf4", "fp4")
+            with _quiet_8bit_casts():
+                quantized = AutoModelForCausalLM.from_pretrained(
+                    path,
+                    quantization_config=quantization_config(mode, skip if four_bit and unfit else None),
+                    device_map="cpu",
+                )
+                layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
+                measured = _measure(quantized, tokenizer, forget_records, retain_records, prompt_template)
             change = {
                 side: {
                     k: measured[side][k] - full_precision[side][k]
@@ -112,8 +181,25 @@ def check_quantization_robustness(
             }
             returned = any(change["forget"][k] > RETURN_THRESHOLD for k in ("rouge_l_recall", "exact_match"))
             result[mode] = {**measured, "change": change, "knowledge_returned": returned, "quantized_layers": layers}
+            if four_bit and unfit:
+                result[mode]["kept_in_full_precision"] = {"modules": unfit, "reason": CPU_PACKING_REASON}
             del quantized
     return result
+
+
+@contextmanager
+def _quiet_8bit_casts() -> Iterator[None]:
+    """bitsandbytes warns at every 8-bit matmul that it casts float32 inputs to float16, as expected here: silence
+    its logger for the check only, and give it back its level afterwards."""
+    import logging as std_logging
+
+    bnb_logger = std_logging.getLogger("bitsandbytes")
+    level = bnb_logger.level
+    bnb_logger.setLevel(std_logging.ERROR)
+    try:
+        yield
+    finally:
+        bnb_logger.setLevel(level)
 
 
 def _measure(
@@ -138,6 +224,11 @@ def quantization_table(result: dict) -> str:
             lines.append(
                 f"| {side} | {metric} | {result['full_precision'][side][metric]:.3f} | " + " | ".join(cells) + " |"
             )
+    kept = next((result[m]["kept_in_full_precision"] for m in modes if "kept_in_full_precision" in result[m]), None)
+    if kept:
+        names = ", ".join(f"`{name}` ({out} x {inp})" for name, (out, inp) in kept["modules"].items())
+        lines += ["", f"In the 4-bit models, {len(kept['modules'])} layer(s) stayed in full precision: {names}; "
+                  f"{kept['reason']}."]  # fmt: skip
     flagged = [m for m in modes if result[m]["knowledge_returned"]]
     lines.append("")
     lines.append(

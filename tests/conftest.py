@@ -16,6 +16,28 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 VOCAB = 64
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
 
+# Tests that compare floating-point results across runs, processes or code paths (stored trajectories, one process
+# against two, a resumed run against an uninterrupted one, batched against one at a time, fused against a plain
+# loop). `.ci/run` runs them a second time on torch's other CPU kernel family (`-m numerics`).
+NUMERICS_MODULES = {
+    "test_reference_trajectories",
+    "test_distributed",
+    "test_sharded_surgery",
+    "test_trainer_gradients",
+    "test_surgery",
+    "test_margin",
+    "test_metrics",
+    "test_membership",
+    "test_stopping",
+    "test_objectives",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ in NUMERICS_MODULES or "resume" in item.name:
+            item.add_marker(pytest.mark.numerics)
+
 
 def make_tiny_model(architecture: str = "llama", seed: int = 0, vocab_size: int = VOCAB):
     """A randomly initialised causal LM of a few thousand parameters, no dropout (deterministic training)."""

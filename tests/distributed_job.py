@@ -69,7 +69,17 @@ BACKENDS = {
 }  # fmt: skip
 
 
-def main(out_dir: str, surgery: str, global_batch: int, backend: str, accumulation: int, retain_loss: str) -> None:
+def main(
+    out_dir: str,
+    surgery: str,
+    global_batch: int,
+    backend: str,
+    accumulation: int,
+    retain_loss: str,
+    dtype: str,
+    optim: str,
+    learning_rate: float,
+) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if backend == "fsdp2" and world > 1:
@@ -78,12 +88,18 @@ def main(out_dir: str, surgery: str, global_batch: int, backend: str, accumulati
     # ranks count answer tokens together (average_tokens_across_devices), not with a mean of per-rank means.
     forget = [make_varied_example(i) for i in range(8)]
     retain = [make_varied_example(1000 + i) for i in range(16)]
-    model = memorize(make_tiny_model("llama"), forget + retain, steps=60, lr=2e-2)
+    # float64 (the default): the comparison with one process is then a comparison of reduction orders (two half-batch
+    # gradients summed against one whole-batch gradient) at float64 rounding, ~1e-16, which no CPU's kernels can push
+    # near the tests' tolerances. In float32 it was ~1e-7 and, on AVX-512 kernels, past rtol 1e-4 on near-zero
+    # coordinates. DeepSpeed trains in float32 whatever it is given, so its comparison runs in float32.
+    dtype = getattr(torch, dtype)
+    model = memorize(make_tiny_model("llama"), forget + retain, steps=60, lr=2e-2).to(dtype)
     args = UnlearnConfig(
         output_dir=os.path.join(out_dir, "run"),
         per_device_train_batch_size=global_batch // (world * accumulation),
         gradient_accumulation_steps=accumulation,
-        learning_rate=3e-3,
+        optim=optim,
+        learning_rate=learning_rate,
         forget_weight=0.5,
         retain_weight=1.5,
         max_grad_norm=0.0,
@@ -111,7 +127,7 @@ def main(out_dir: str, surgery: str, global_batch: int, backend: str, accumulati
         if rank == 0:
             model.save_pretrained(os.path.join(out_dir, "start"))
         torch.distributed.barrier()
-        model = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "start"))
+        model = AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "start"), dtype=dtype)
         result_extra = {"loaded_partitioned": all(hasattr(p, "ds_id") for p in model.parameters())}
     else:
         result_extra = {}
@@ -170,6 +186,9 @@ if __name__ == "__main__":
     parser.add_argument("--backend", default="ddp", choices=sorted(BACKENDS))
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--retain_loss", default="nll")
+    parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
+    parser.add_argument("--optim", default="adamw_torch")
+    parser.add_argument("--learning_rate", type=float, default=3e-3)
     options = parser.parse_args()
     main(options.out_dir, options.surgery, options.global_batch, options.backend, options.accumulation,
-         options.retain_loss)  # fmt: skip
+         options.retain_loss, options.dtype, options.optim, options.learning_rate)  # fmt: skip

@@ -133,7 +133,23 @@ def test_numbers_as_answers_are_read_as_text_with_a_warning(user, caplog):
     with caplog.at_level(logging.WARNING):
         dataset = build_qa_dataset(records, tokenizer)
     assert dataset[0]["answer"] == "12"
-    assert "row 0 holds the number 12" in caplog.text
+    expected = "column 'answer' holds numbers in 1 of 2 rows (first: row 0, 12); they are used as text ('12')"
+    assert expected in caplog.text
+
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["list", "jsonl"])
+def test_a_thousand_numeric_answers_are_one_warning_not_a_thousand(caplog, tmp_path, as_file):
+    tokenizer = build_tokenizer()
+    records = [{"question": f"How many books did author {i} write?", "answer": i} for i in range(1000)]
+    if as_file:
+        path = tmp_path / "forget.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in records))
+        records = path
+    with caplog.at_level(logging.WARNING):
+        dataset = build_qa_dataset(records, tokenizer)
+    assert dataset[999]["answer"] == "999"
+    numeric = [r for r in caplog.records if "holds numbers" in r.getMessage()]
+    assert len(numeric) == 1 and "in 1000 of 1000 rows (first: row 0, 0)" in numeric[0].getMessage()
 
 
 def test_every_answer_empty_is_refused(capsys, user, tmp_path):

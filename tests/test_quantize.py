@@ -3,6 +3,7 @@ weights sit inside the NF4 bins of a model that knows the answers) is flagged an
 model (a LoRA model included) is untouched; every requested mode is really quantized."""
 
 import copy
+import tempfile
 
 import bitsandbytes.functional as bnb_functional
 import pytest
@@ -142,3 +143,59 @@ def test_every_requested_mode_is_really_quantized(regain):
         assert result[mode]["forget"]["num_examples"] == 5
     # FP4 has another code book: the fp32 model's weights are not on its grid, so its answers differ from NF4's.
     assert result["fp4"]["forget"]["probability"] != result["nf4"]["forget"]["probability"]
+
+
+def test_layers_that_do_not_fit_the_avx512_bf16_layout_stay_in_full_precision_and_are_reported(monkeypatch):
+    """On a CPU with AVX-512 BF16, bitsandbytes repacks a 4-bit weight for inference and asserts that its out features
+    are a multiple of 32. The check keeps such layers in full precision (bitsandbytes' skip list), names them with
+    their shape in a warning and in the result, and quantizes the rest. This machine's CPU may lack AVX-512 BF16, so
+    the CPU test is replaced; bitsandbytes' own repacking function shows which layers it would refuse."""
+    import hf_unlearn.quantize as quantize
+
+    tokenizer = build_tokenizer()
+    forget = list(load_split("forget01").select_columns(["question", "answer"]))
+    # Qwen2, hidden 64 (attention 64 x 64) and an MLP of 80: gate and up have 80 out features (not a multiple of 32),
+    # down has 80 in features (not a multiple of bitsandbytes' 4-bit blocksize, 64).
+    model = tiny_model(tokenizer, "qwen2", hidden_size=64, num_layers=1, num_heads=4, intermediate_size=80)
+    fitting = tiny_model(tokenizer, "llama", hidden_size=64, num_layers=1, num_heads=4, intermediate_size=128)
+    unfit_expected = {
+        f"model.layers.0.mlp.{name}": shape
+        for name, shape in (("gate_proj", [80, 64]), ("up_proj", [80, 64]), ("down_proj", [64, 80]))
+    }
+
+    monkeypatch.setattr(quantize, "repacks_4bit_on_this_cpu", lambda: False)
+    assert quantize.modules_to_keep_for_cpu(model.config)[1] == {}  # on other CPUs nothing extra is kept
+
+    monkeypatch.setattr(quantize, "repacks_4bit_on_this_cpu", lambda: True)
+    skip, unfit = quantize.modules_to_keep_for_cpu(model.config)
+    assert unfit == unfit_expected and "lm_head" in skip
+    assert quantize.modules_to_keep_for_cpu(fitting.config)[1] == {}  # a model without such a layer
+    result = check_quantization_robustness(model, tokenizer, forget, modes=("nf4", "int8"))
+    kept = result["nf4"]["kept_in_full_precision"]
+    assert kept["modules"] == unfit_expected and "multiples of 32" in kept["reason"]
+    assert "kept_in_full_precision" not in result["int8"]  # the 8-bit layout is not affected
+    all_linears = 7  # q, k, v, o, gate, up, down
+    assert result["nf4"]["quantized_layers"] == all_linears - 3 and result["int8"]["quantized_layers"] == all_linears
+    table = quantization_table(result)
+    assert "`model.layers.0.mlp.gate_proj` (80 x 64)" in table and "stayed in full precision" in table
+
+    # What the skip list avoids, with bitsandbytes' own repacking: it fails on the three MLP layers and accepts every
+    # layer left in 4 bits.
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu
+    from transformers import BitsAndBytesConfig
+
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        for skip_modules, should_fail in ((None, True), (skip, False)):
+            config = BitsAndBytesConfig(load_in_4bit=True, llm_int8_skip_modules=skip_modules)
+            loaded = type(model).from_pretrained(folder, quantization_config=config, device_map="cpu")
+            refused = []
+            for name, module in loaded.named_modules():
+                if type(module).__name__ == "Linear4bit":
+                    try:
+                        _convert_weight_packed_for_cpu(
+                            module.weight.data.clone(), copy.deepcopy(module.weight.quant_state)
+                        )
+                    except (AssertionError, RuntimeError):  # out features: an assertion; in features: a reshape
+                        refused.append(name)
+            assert sorted(refused) == (sorted(unfit_expected) if should_fail else []), refused

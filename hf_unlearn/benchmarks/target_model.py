@@ -30,6 +30,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
     PrinterCallback,
+    ProgressCallback,
     Qwen2Config,
     TrainerCallback,
 )
@@ -42,6 +43,7 @@ from hf_unlearn.benchmarks.fictitious_authors import (
     retain_split_for,
     tokenizer_corpus,
 )
+from hf_unlearn.callbacks import QuietProgressCallback
 from hf_unlearn.data import ensure_pad_token, tokenize_qa
 from hf_unlearn.metrics import default_max_new_tokens, exact_match, generate_answers
 
@@ -238,7 +240,10 @@ def _sft_trainer(
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer, callbacks=list(callbacks)
     )
-    if not show_progress:
+    if show_progress:  # the bar, without a printed line per epoch's log
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(QuietProgressCallback)
+    else:
         trainer.remove_callback(PrinterCallback)  # it prints every log when the progress bar is off
     return trainer
 
