@@ -10,11 +10,10 @@ import os
 import sys
 
 import pytest
-import torch
+from conftest import train_on_answers
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-from hf_unlearn.data import pad_examples
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference_trajectories.json")
 STEPS = 4
@@ -41,16 +40,10 @@ def memorized_model():
     """A tiny Llama that has learned forget01 and 20 retain QA (40 full-batch AdamW steps, deterministic)."""
     tokenizer = build_tokenizer()
     model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
-    forget = build_qa_dataset(load_split("forget01"), tokenizer)
-    retain = build_qa_dataset(load_split("retain99").select(range(20)), tokenizer)
-    examples = [{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in list(forget) + list(retain)]
-    batch = pad_examples(examples, tokenizer.pad_token_id)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(40):
-        loss = model(**batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    forget_records, retain_records = load_split("forget01"), load_split("retain99").select(range(20))
+    train_on_answers(model, tokenizer, [*forget_records, *retain_records], steps=40, lr=1e-2)
+    forget = build_qa_dataset(forget_records, tokenizer)
+    retain = build_qa_dataset(retain_records, tokenizer)
     return model, tokenizer, forget, retain
 
 
