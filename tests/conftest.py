@@ -1,3 +1,5 @@
+import json
+import math
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -101,14 +103,24 @@ def unlearn_config(output_dir, **overrides):
     return UnlearnConfig(**{**values, **overrides})
 
 
+def forget_set() -> list[dict]:
+    """The 8 tokenized forget examples most trainer tests unlearn (a fresh list on every call)."""
+    return [make_example(i) for i in range(8)]
+
+
+def retain_set() -> list[dict]:
+    """The 16 tokenized retain examples that go with :func:`forget_set`."""
+    return [make_example(1000 + i) for i in range(16)]
+
+
 @pytest.fixture
 def forget_examples():
-    return [make_example(i) for i in range(8)]
+    return forget_set()
 
 
 @pytest.fixture
 def retain_examples():
-    return [make_example(1000 + i) for i in range(16)]
+    return retain_set()
 
 
 def memorize(model, examples, steps: int = 150, lr: float = 1e-2):
@@ -129,9 +141,7 @@ def memorize(model, examples, steps: int = 150, lr: float = 1e-2):
 @pytest.fixture(scope="session")
 def memorized_llama_state():
     """State dict of a tiny Llama that has memorized forget and retain examples (built once per session)."""
-    forget = [make_example(i) for i in range(8)]
-    retain = [make_example(1000 + i) for i in range(16)]
-    model = memorize(make_tiny_model("llama"), forget + retain)
+    model = memorize(make_tiny_model("llama"), forget_set() + retain_set())
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -185,3 +195,113 @@ def suppressed_setting():
         "suppressed": suppressed,
         "reference": reference,
     }
+
+
+# --- model folders and dataset files as a user has them ------------------------------------------------------------
+
+
+def save_model_folder(folder, model, tokenizer):
+    """A model folder as a user has one: the model and its tokenizer saved side by side. Returns ``folder``."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def tiny_model_folder(folder, architecture: str = "llama", **sizes):
+    """The embedded benchmark's tokenizer and a random tiny ``architecture`` model of ``sizes`` (hidden_size,
+    num_layers, num_heads, ...), saved together in ``folder``. Returns ``(model, tokenizer)``."""
+    from hf_unlearn.benchmarks import build_tokenizer, tiny_model
+
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, architecture, **sizes)
+    save_model_folder(folder, model, tokenizer)
+    return model, tokenizer
+
+
+def write_qa_files(root):
+    """The embedded benchmark's forget05 (``forget.json``) and 20 retain95 records (``retain.jsonl``) as local
+    files in the TOFU schema (question, answer, ... columns), as a user would have them."""
+    from hf_unlearn.benchmarks import load_split
+
+    load_split("forget05").to_json(root / "forget.json")
+    load_split("retain95").select(range(20)).to_json(root / "retain.jsonl")
+    return root
+
+
+def write_hub_repo(root, configs: dict[str, dict[str, list[dict]]]) -> str:
+    """A dataset repository folder laid out as on the Hub: one JSON-lines file per config and split, and a README
+    whose YAML ``configs`` section maps them."""
+    lines = ["---", "configs:"]
+    for config, splits in configs.items():
+        lines += [f"- config_name: {config}", "  data_files:"]
+        for split, rows in splits.items():
+            path = root / config / f"{split}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+            lines += [f"  - split: {split}", f"    path: {config}/{split}.jsonl"]
+    lines += ["---", ""]
+    (root / "README.md").write_text("\n".join(lines))
+    return str(root)
+
+
+# --- independent reference computations -----------------------------------------------------------------------------
+# Plain torch on one unpadded sequence at a time and rouge_score itself: what a test compares a library value with,
+# never the library's own batched code.
+
+
+def _logits(model, input_ids):
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([list(input_ids)], device=device)).logits[0].float().cpu()
+
+
+def hand_answer_log_probs(model, example) -> list[float]:
+    """Log-probability of each answer token (label not -100) of one tokenized example: the token at t + 1 scored
+    by the softmax of the logits at t, from a plain forward on the unpadded sequence (puts ``model`` in eval)."""
+    log_probs = torch.log_softmax(_logits(model, example["input_ids"]), dim=-1)
+    labels = example["labels"]
+    return [log_probs[t - 1, labels[t]].item() for t in range(1, len(labels)) if labels[t] != -100]
+
+
+def hand_answer_probability(model, example) -> float:
+    """TOFU's answer probability ``P(a | q) ** (1 / |a|)`` = exp(mean answer-token log-probability)."""
+    values = hand_answer_log_probs(model, example)
+    return math.exp(sum(values) / len(values))
+
+
+def hand_margins(model, example, k: int) -> list[float]:
+    """MASC's restricted margin (arXiv 2606.02920, §3) of each answer token at beta = 1 with self-competitors: the
+    target's logit minus the log-sum-exp of the k highest other logits at that position."""
+    logits = _logits(model, example["input_ids"])
+    labels = example["labels"]
+    margins = []
+    for t in range(1, len(labels)):
+        if labels[t] == -100:
+            continue
+        row = logits[t - 1].tolist()
+        others = sorted((v for i, v in enumerate(row) if i != labels[t]), reverse=True)[:k]
+        top = others[0]
+        margins.append(row[labels[t]] - (top + math.log(sum(math.exp(v - top) for v in others))))
+    return margins
+
+
+def hand_greedy(model, tokenizer, prompt_ids, max_new_tokens: int) -> str:
+    """Greedy decoding by hand: the argmax of a full forward pass per new token (no cache, no padding), stopping
+    at EOS; the new tokens decoded without special tokens and stripped."""
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        token = int(_logits(model, list(prompt_ids) + new)[-1].argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        new.append(token)
+    return tokenizer.decode(new, skip_special_tokens=True).strip()
+
+
+def hand_rouge_l(prediction: str, reference: str, measure: str) -> float:
+    """ROUGE-L (``recall`` or ``fmeasure``) from rouge_score itself, Porter stemming on (TOFU's and MUSE's
+    setting)."""
+    from rouge_score import rouge_scorer
+
+    scores = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True).score(reference, prediction)
+    return getattr(scores["rougeL"], measure)

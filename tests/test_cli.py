@@ -4,9 +4,10 @@ import json
 
 import pytest
 import yaml
-from datasets import Dataset
+from conftest import tiny_model_folder, write_hub_repo, write_qa_files
+from datasets import Dataset, DatasetDict
 
-from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.benchmarks import build_tokenizer, load_split
 from hf_unlearn.cli import main
 from hf_unlearn.data import tokenize_qa
 from hf_unlearn.loaders import load_records
@@ -30,19 +31,14 @@ REPORT_KEYS = {
 def local_model_and_data(tmp_path_factory):
     """A tiny model folder and TOFU-schema JSON files (question/answer columns), as a user would have."""
     root = tmp_path_factory.mktemp("local")
-    tokenizer = build_tokenizer()
-    model = tiny_model(tokenizer, "gpt2", hidden_size=32, num_layers=1, num_heads=2)
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    load_split("forget05").to_json(root / "forget.json")
-    load_split("retain95").select(range(20)).to_json(root / "retain.jsonl")
-    return root
+    tiny_model_folder(root / "model", "gpt2", hidden_size=32, num_layers=1, num_heads=2)
+    return write_qa_files(root)
 
 
 def test_run_from_local_files(tmp_path, local_model_and_data):
     root = local_model_and_data
     out = tmp_path / "out"
-    main(
+    status = main(
         [
             "run",
             "--model_name_or_path",
@@ -65,6 +61,7 @@ def test_run_from_local_files(tmp_path, local_model_and_data):
             "1e-3",
         ]
     )
+    assert status == 0  # done: not 1 (a wrong input) nor 3 (the run failed its own checks)
     report = json.loads((out / "report.json").read_text())
     assert REPORT_KEYS <= report.keys()
     assert report["before"]["forget"]["num_examples"] == 10
@@ -87,7 +84,7 @@ def test_run_from_yaml_and_unknown_keys_are_named(tmp_path, local_model_and_data
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
-    main(["run", str(path)])
+    assert main(["run", str(path)]) == 0
     report = json.loads((tmp_path / "yaml-out" / "report.json").read_text())
     assert report["method"] == "npo_klr" and report["global_step"] == 2 and not report["stopped_early"]
     path.write_text(yaml.safe_dump(dict(config, forget_rate=0.1, overwrite_output_dir=True)))
@@ -99,6 +96,21 @@ def test_saved_dataset_folder_and_hub_schema(tmp_path):
     records = Dataset.from_list([{"question": "Who?", "answer": "Nobody."}])
     records.save_to_disk(tmp_path / "saved")
     assert load_records(str(tmp_path / "saved"))[0]["answer"] == "Nobody."
+    # A saved DatasetDict: the split asked for, not the first one.
+    DatasetDict({"train": records, "test": Dataset.from_list([{"question": "Q?", "answer": "Test."}])}).save_to_disk(
+        tmp_path / "saved_dict"
+    )
+    assert list(load_records(str(tmp_path / "saved_dict"), split="test")["answer"]) == ["Test."]
+    # The Hub schema: a folder laid out like locuslab/TOFU (a README whose `configs` map each config's files), read
+    # by config and split as `load_dataset("locuslab/TOFU", "forget05")` reads the Hub repository.
+    forget, retain = load_split("forget05"), load_split("retain95").select(range(3))
+    repo = write_hub_repo(
+        tmp_path / "TOFU", {"forget05": {"train": list(forget)}, "retain95": {"train": list(retain)}}
+    )
+    for config, expected in (("forget05", forget), ("retain95", retain)):
+        loaded = load_records(repo, config)
+        for column in ("question", "answer", "perturbed_answer"):
+            assert list(loaded[column]) == list(expected[column]), (config, column)
 
 
 def test_offline_hub_id_fails_with_a_clear_message(monkeypatch, tmp_path, capsys):
@@ -129,7 +141,7 @@ def test_tokenize_qa_masks_the_prompt():
 def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     """README command one, end to end: learn the benchmark, unlearn forget10 with MASC, write the report."""
     out = tmp_path / "demo"
-    main(["demo", "--output_dir", str(out), "--disable_tqdm", "true"])
+    assert main(["demo", "--output_dir", str(out), "--disable_tqdm", "true"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert REPORT_KEYS <= report.keys()
     assert report["stopped_early"] and report["stop_step"] <= report["max_steps"] / 2

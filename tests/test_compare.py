@@ -47,7 +47,7 @@ def test_summary_picks_the_lr_where_most_seeds_land_then_the_faster():
 @pytest.mark.slow
 def test_compare_writes_the_table_json_and_plot(tmp_path):
     out = tmp_path / "cmp"
-    main(
+    status = main(
         [
             "compare",
             "--methods",
@@ -67,6 +67,7 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
             str(out),
         ]
     )
+    assert status == 0
     result = json.loads((out / "compare.json").read_text())
     region = result["region"]
     assert region["never_trained"]["forget"]["forget_quality"] > 0.5
@@ -88,8 +89,9 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
 @pytest.mark.slow
 def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
     out = tmp_path / "cmp"
-    main(["compare", "--methods", "ga", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
-          "--retain_eval_size", "10", "--lora_r", "4", "--output_dir", str(out)])  # fmt: skip
+    argv = ["compare", "--methods", "ga", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
+            "--retain_eval_size", "10", "--lora_r", "4", "--output_dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
     result = json.loads((out / "compare.json").read_text())
     assert result["lora_r"] == 4 and set(result["methods"]) == {"masc", "ga"}
     # With LoRA on the tiny model, MASC still moves the forget set (the adapter is what trains).

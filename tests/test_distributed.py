@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from conftest import tiny_model_folder, write_qa_files
 from safetensors.torch import load_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -162,13 +163,8 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
     weights gathered, and copies the KL reference partition-wise."""
     if config_file == "zero3.yaml":
         pytest.importorskip("deepspeed")
-    from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-
-    tokenizer = build_tokenizer()
-    tiny_model(tokenizer, "gpt2", hidden_size=32, num_layers=1, num_heads=2).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    load_split("forget05").to_json(tmp_path / "forget.json")
-    load_split("retain95").select(range(20)).to_json(tmp_path / "retain.jsonl")
+    tiny_model_folder(tmp_path / "model", "gpt2", hidden_size=32, num_layers=1, num_heads=2)
+    write_qa_files(tmp_path)
     # The shipped accelerate config, as a user would launch it.
     config = os.path.join(HERE, "..", "examples", "accelerate", config_file)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,

@@ -96,7 +96,11 @@ def test_split_sizes_and_disjointness():
 def test_split_generate_kwargs():
     assert len(_authors(load_split("forget10", num_authors=20))) == 2
     assert len(load_split("holdout", num_holdout_authors=0)) == 0
-    assert load_split("full", seed=3)["question"] == load_split("full", seed=3)["question"]
+    # The seed reaches the generator: seed 3's split holds seed 3's learned records, not the default seed's.
+    seeded = generate_benchmark(seed=3)
+    assert list(load_split("full", seed=3)["question"]) == [r["question"] for r in seeded if not r["is_holdout"]]
+    assert list(load_split("holdout", seed=3)["question"]) == [r["question"] for r in seeded if r["is_holdout"]]
+    assert list(load_split("full", seed=3)["question"]) != list(load_split("full")["question"])
 
 
 def test_tokenizer_round_trips(records, tokenizer, tmp_path):
@@ -208,10 +212,19 @@ def test_learning_through_lora_saves_a_merged_plain_model(tmp_path):
     kwargs = dict(cache_dir=tmp_path, num_authors=4, max_epochs=2, target_exact_match=0.0, show_progress=False)
     small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
     plain, _, plain_info = learn_target_model(**kwargs, model_kwargs=small)
-    merged, _, info = learn_target_model(**kwargs, model_kwargs=small, lora_r=4, learning_rate=1e-2)
+    merged, tokenizer, info = learn_target_model(**kwargs, model_kwargs=small, lora_r=4, learning_rate=1e-2)
     assert info["settings"]["lora_r"] == 4 and "lora_r" not in plain_info["settings"]
     assert not hasattr(merged, "peft_config") and type(merged) is type(plain)  # no adapter left to carry around
     assert not any("lora" in name for name in merged.state_dict())
+    # The learned adapters are in the saved weights: against the base it started from (same seed), every linear
+    # layer of the decoder (LoRA's "all-linear") moved, and nothing else did (only the adapters trained).
+    base = tiny_model(tokenizer, "llama", seed=0, **small).state_dict()
+    weights = merged.state_dict()
+    linear = {f"{name}.weight" for name, module in merged.named_modules() if isinstance(module, torch.nn.Linear)}
+    linear.discard("lm_head.weight")  # all-linear leaves the output layer out
+    assert len(linear) == 7  # q, k, v, o, gate, up, down of the one layer
+    for name, value in weights.items():
+        assert torch.equal(value, base[name]) != (name in linear), name
     assert merged.config.use_cache and plain.config.use_cache  # TRL turned it off for training only
     with pytest.raises(ValueError, match="Unknown base_model 'gpt9'; available: smollm2"):
         learn_target_model(**kwargs, base_model="gpt9")

@@ -15,13 +15,14 @@ import shutil
 import pytest
 import torch
 import yaml
+from conftest import save_model_folder, train_on_answers
 from datasets import Dataset
 from safetensors.torch import load_file
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.cli import main, quiet_third_party
-from hf_unlearn.data import pad_examples, tokenize_prompt, tokenize_qa
+from hf_unlearn.data import tokenize_prompt, tokenize_qa
 
 COMMON = ["--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--evaluate", "false"]
 
@@ -45,15 +46,8 @@ def user(tmp_path_factory):
     forget = load_split("forget05").select_columns(["question", "answer"])
     retain = load_split("retain95").select(range(20)).select_columns(["question", "answer"])
     holdout = load_split("holdout").select(range(10)).select_columns(["question", "answer"])
-    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in list(forget) + list(retain)]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    batch = pad_examples(examples, tokenizer.pad_token_id)
-    for _ in range(120):
-        optimizer.zero_grad()
-        model(**batch).loss.backward()
-        optimizer.step()
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
+    train_on_answers(model, tokenizer, [*forget, *retain], steps=120, lr=1e-2)
+    save_model_folder(root / "model", model, tokenizer)
     forget.to_json(root / "forget.jsonl")
     retain.to_json(root / "retain.jsonl")
     holdout.to_json(root / "holdout.jsonl")

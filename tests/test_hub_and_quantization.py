@@ -7,17 +7,24 @@ import os
 
 import pytest
 import torch
-from conftest import make_example, make_tiny_model
+from conftest import (
+    forget_set,
+    hand_answer_probability,
+    make_tiny_model,
+    retain_set,
+    save_model_folder,
+    tiny_model_folder,
+)
 from peft import LoraConfig
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
-from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+from hf_unlearn.benchmarks import load_split, tiny_model
 from hf_unlearn.cli import main
+from hf_unlearn.data import tokenize_qa
 from hf_unlearn.quantize import check_quantization_robustness, quantization_table
 from hf_unlearn.record import UnlearnRecord
 
-FORGET = [make_example(i) for i in range(8)]
-RETAIN = [make_example(1000 + i) for i in range(16)]
+FORGET, RETAIN = forget_set(), retain_set()
 
 
 def trainer_for(tmp_path, **overrides):
@@ -148,14 +155,35 @@ def test_push_without_network_fails_clearly_and_changes_nothing(tmp_path, monkey
     assert folder_digest(tmp_path / "out") == before
 
 
+SIZES = dict(hidden_size=64, num_layers=2, num_heads=2)
+
+
 @pytest.fixture(scope="module")
 def saved_tiny_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("quant")
-    tokenizer = build_tokenizer()
-    model = tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2)
-    model.save_pretrained(root)
-    tokenizer.save_pretrained(root)
+    model, tokenizer = tiny_model_folder(root, "llama", **SIZES)
     return root, model, tokenizer
+
+
+def bitsandbytes_config(mode):
+    """Each mode as bitsandbytes documents it: 4-bit NF4 or FP4 (float32 compute), or LLM.int8()."""
+    from transformers import BitsAndBytesConfig
+
+    if mode == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=mode, bnb_4bit_compute_dtype=torch.float32)
+
+
+def reload_quantized(path, mode):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, quantization_config=bitsandbytes_config(mode), device_map="cpu")
+
+
+def mean_probability(model, tokenizer, records):
+    """TOFU's answer probability, averaged over ``records``, by hand (one plain forward per record)."""
+    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records]
+    return sum(hand_answer_probability(model, e) for e in examples) / len(examples)
 
 
 def test_quantization_check_uses_real_bitsandbytes_layers(saved_tiny_model):
@@ -170,19 +198,63 @@ def test_quantization_check_uses_real_bitsandbytes_layers(saved_tiny_model):
                 assert value == value and abs(value) != float("inf")  # finite, not NaN
         assert isinstance(result[mode]["knowledge_returned"], bool)
     assert "| forget | rouge_l_recall |" in quantization_table(result)
+    # The numbers are the model's own in full precision, and in each mode those of the model reloaded through
+    # bitsandbytes in that mode, scored by hand; each mode moves them (the weights really were quantized).
+    sides = {"forget": forget, "retain": retain}
+    full = {side: mean_probability(model, tokenizer, records) for side, records in sides.items()}
+    for side in sides:
+        assert result["full_precision"][side]["probability"] == pytest.approx(full[side], rel=1e-5)
+    for mode in ("nf4", "fp4", "int8"):
+        quantized = reload_quantized(root, mode)
+        for side, records in sides.items():
+            expected = mean_probability(quantized, tokenizer, records)
+            assert expected != pytest.approx(full[side], rel=1e-5), (mode, side)
+            assert result[mode][side]["probability"] == pytest.approx(expected, rel=1e-4), (mode, side)
+            for metric in ("rouge_l_recall", "probability", "exact_match"):
+                change = result[mode][side][metric] - result["full_precision"][side][metric]
+                assert result[mode]["change"][side][metric] == pytest.approx(change, abs=1e-12)
+        # Knowledge came back when a forget ROUGE-L or exact match rose by more than 0.05 (RETURN_THRESHOLD).
+        rose = [result[mode]["change"]["forget"][k] > 0.05 for k in ("rouge_l_recall", "exact_match")]
+        assert result[mode]["knowledge_returned"] is any(rose)
+    nf4, fp4 = (result[m]["forget"]["probability"] for m in ("nf4", "fp4"))
+    assert nf4 != pytest.approx(fp4, rel=1e-5)  # two 4-bit formats, two different grids
 
 
-def test_quantization_check_merges_lora_first(saved_tiny_model):
-    _, model, tokenizer = saved_tiny_model
-    from peft import get_peft_model
+def test_quantization_check_merges_lora_first(saved_tiny_model, tmp_path):
+    root, model, tokenizer = saved_tiny_model
+    from peft import PeftModel, get_peft_model
 
-    peft_model = get_peft_model(
-        tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2),
-        LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM"),
-    )
-    result = check_quantization_robustness(peft_model, tokenizer, load_split("forget01"), modes=("nf4",))
+    lora = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    peft_model = get_peft_model(tiny_model(tokenizer, "llama", **SIZES), lora)
+    # LoRA's B starts at zero, where merging changes nothing: give the adapter weights, as training would.
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 0.2)
+    before = {name: value.clone() for name, value in peft_model.state_dict().items()}
+    forget = load_split("forget01")
+    result = check_quantization_robustness(peft_model, tokenizer, forget, modes=("nf4",))
     assert result["nf4"]["quantized_layers"] == 14
-    assert any(isinstance(p, torch.Tensor) for p in peft_model.parameters())  # the caller's model is untouched
+    # The caller's model is untouched: still an adapter on its base, every weight as it was.
+    assert isinstance(peft_model, PeftModel) and peft_model.state_dict().keys() == before.keys()
+    assert all(torch.equal(value, before[name]) for name, value in peft_model.state_dict().items())
+    # The merge by hand (LoRA, Hu et al. 2021: W + (alpha / r) B A) into a plain copy of the base, then NF4.
+    merged = tiny_model(tokenizer, "llama", **SIZES)
+    scaling = lora.lora_alpha / lora.r
+    with torch.no_grad():
+        for index, layer in enumerate(merged.model.layers):
+            prefix = f"base_model.model.model.layers.{index}.self_attn.q_proj"
+            a, b = before[f"{prefix}.lora_A.default.weight"], before[f"{prefix}.lora_B.default.weight"]
+            layer.self_attn.q_proj.weight += scaling * b @ a
+    save_model_folder(tmp_path / "merged", merged, tokenizer)
+    assert result["full_precision"]["forget"]["probability"] == pytest.approx(
+        mean_probability(merged, tokenizer, forget), rel=1e-5
+    )
+    expected = mean_probability(reload_quantized(tmp_path / "merged", "nf4"), tokenizer, forget)
+    assert result["nf4"]["forget"]["probability"] == pytest.approx(expected, rel=1e-4)
+    # The control: NF4 of the base without the adapter scores differently, so a check that dropped it would fail.
+    assert mean_probability(reload_quantized(root, "nf4"), tokenizer, forget) != pytest.approx(expected, rel=1e-3)
 
 
 def test_quant_check_command(tmp_path, saved_tiny_model, capsys):

@@ -4,8 +4,8 @@ and column names), then `hf-unlearn eval` end to end on them."""
 import json
 
 import pytest
+from conftest import tiny_model_folder, write_hub_repo
 
-from hf_unlearn.benchmarks import build_tokenizer, tiny_model
 from hf_unlearn.loaders import COLUMN_MAPPING, map_columns, muse_evaluation_sets, tofu_evaluation_sets
 
 TOFU_ROW = {
@@ -22,26 +22,10 @@ REAL_AUTHOR_ROW = {
 }
 
 
-def _write_repo(root, configs: dict[str, dict[str, list[dict]]]) -> str:
-    """A dataset repository folder: one JSON-lines file per config and split, and a README whose YAML
-    ``configs`` section maps them, as on the Hub."""
-    lines = ["---", "configs:"]
-    for config, splits in configs.items():
-        lines += [f"- config_name: {config}", "  data_files:"]
-        for split, rows in splits.items():
-            path = root / config / f"{split}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-            lines += [f"  - split: {split}", f"    path: {config}/{split}.jsonl"]
-    lines += ["---", ""]
-    (root / "README.md").write_text("\n".join(lines))
-    return str(root)
-
-
 @pytest.fixture
 def tofu_repo(tmp_path):
     perturbed = [dict(TOFU_ROW, question=f"{TOFU_ROW['question']} ({i})") for i in range(3)]
-    return _write_repo(
+    return write_hub_repo(
         tmp_path / "TOFU",
         {
             "forget10_perturbed": {"train": perturbed},
@@ -56,7 +40,7 @@ def tofu_repo(tmp_path):
 def muse_repo(tmp_path):
     qa = [{"question": "Who won?", "answer": "The home team."}] * 3
     texts = [{"text": f"A news article number {i} about the local election and its results."} for i in range(4)]
-    return _write_repo(
+    return write_hub_repo(
         tmp_path / "MUSE-News",
         {
             "verbmem": {"forget": [{"prompt": "The minister said that", "gt": "taxes would rise."}] * 2},
@@ -102,10 +86,7 @@ def test_hub_id_offline_names_the_dataset(monkeypatch):
 
 @pytest.fixture
 def tiny_model_dir(tmp_path):
-    tokenizer = build_tokenizer()
-    model = tiny_model(tokenizer, "qwen2", hidden_size=32, num_layers=1, num_heads=2)
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    tiny_model_folder(tmp_path / "model", "qwen2", hidden_size=32, num_layers=1, num_heads=2)
     return str(tmp_path / "model")
 
 
@@ -113,7 +94,7 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
     from hf_unlearn.cli import main
 
     out = tmp_path / "tofu_eval"
-    main(
+    status = main(
         [
             "eval",
             "--model",
@@ -126,6 +107,7 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
             str(out),
         ]
     )
+    assert status == 0
     result = json.loads((out / "eval.json").read_text())
     assert {"forget", "retain", "real_authors", "world_facts"} <= result.keys()
     assert 0 < result["real_authors"]["probability"] < 1  # normalised over the 4 options
@@ -134,20 +116,20 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
 
     # The reference given as a model: evaluated first; the same model is indistinguishable from itself.
     same = tmp_path / "tofu_same"
-    main(["eval", "--model", tiny_model_dir, "--benchmark", "tofu", "--dataset_path", tofu_repo,
-          "--reference_model", tiny_model_dir, "--output_dir", str(same)])  # fmt: skip
+    assert main(["eval", "--model", tiny_model_dir, "--benchmark", "tofu", "--dataset_path", tofu_repo,
+                 "--reference_model", tiny_model_dir, "--output_dir", str(same)]) == 0  # fmt: skip
     assert json.loads((same / "eval.json").read_text())["forget_quality"] == pytest.approx(1.0)
     assert (same / "reference_eval.json").is_file()
 
     # A saved eval of a "retrained" model as the reference gives forget quality and PrivLeak.
     muse_out = tmp_path / "muse_eval"
-    main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
-          "--output_dir", str(muse_out)])  # fmt: skip
+    assert main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
+                 "--output_dir", str(muse_out)]) == 0  # fmt: skip
     muse = json.loads((muse_out / "eval.json").read_text())["muse"]
     assert {"verbmem_forget", "knowmem_forget", "knowmem_retain", "auc"} <= muse.keys() and muse["privleak"] is None
     again = tmp_path / "muse_again"
-    main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
-          "--reference_eval", str(muse_out / "eval.json"), "--output_dir", str(again)])  # fmt: skip
+    assert main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
+                 "--reference_eval", str(muse_out / "eval.json"), "--output_dir", str(again)]) == 0  # fmt: skip
     # Every attack that one model can run (all but Reference, which needs a second model), each with its PrivLeak.
     leaks = json.loads((again / "eval.json").read_text())["muse"]["privleak"]
     assert leaks == {"loss": 0.0, "zlib": 0.0, "min_k": 0.0, "min_k_plus_plus": 0.0, "gradnorm": 0.0}

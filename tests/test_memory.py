@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import make_tiny_model, make_varied_example, unlearn_config
+from conftest import make_tiny_model, make_varied_example, tiny_model_folder, unlearn_config
 from peft import LoraConfig
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -75,12 +75,9 @@ def test_lora_holds_the_base_once_and_adapter_states(tmp_path):
 
 
 def test_qlora_weights_are_nf4_plus_the_rest(tmp_path):
-    from hf_unlearn.benchmarks import build_tokenizer, tiny_model
     from hf_unlearn.jobs import load_model_and_tokenizer
 
-    tokenizer = build_tokenizer()
-    tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2).save_pretrained(tmp_path / "base")
-    tokenizer.save_pretrained(tmp_path / "base")
+    tiny_model_folder(tmp_path / "base", "llama", hidden_size=64, num_layers=2, num_heads=2)
     full, _ = load_model_and_tokenizer(str(tmp_path / "base"))
     counts = parameter_counts(full)
     model, _ = load_model_and_tokenizer(str(tmp_path / "base"), load_in_4bit=True)

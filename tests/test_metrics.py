@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from conftest import hand_answer_probability, hand_greedy, hand_rouge_l, train_on_answers
 
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
 from hf_unlearn.data import tokenize_prompt, tokenize_qa
@@ -75,20 +76,6 @@ def test_batched_log_probs_match_per_example_loop(tokenizer, records, architectu
     assert all(0 < p < 1 for p in probabilities)
 
 
-def _greedy(model, tokenizer, question: str, max_new_tokens: int) -> str:
-    """Greedy decoding by hand: argmax of the full forward pass, no cache, no padding."""
-    ids = tokenize_prompt(tokenizer, question)
-    new: list[int] = []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            logits = model(input_ids=torch.tensor([ids + new])).logits[0, -1]
-            token = int(logits.argmax())
-            if token == tokenizer.eos_token_id:
-                break
-            new.append(token)
-    return tokenizer.decode(new, skip_special_tokens=True).strip()
-
-
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
 def test_left_padded_generation_matches_per_example(tokenizer, records, architecture):
     model = tiny_model(tokenizer, architecture, seed=2, **SMALL)
@@ -101,7 +88,7 @@ def test_left_padded_generation_matches_per_example(tokenizer, records, architec
     single = generate_answers(model, tokenizer, questions, max_new_tokens=10, batch_size=1)
     assert batched == single
     model.eval()
-    assert batched == [_greedy(model, tokenizer, q, 10) for q in questions]
+    assert batched == [hand_greedy(model, tokenizer, tokenize_prompt(tokenizer, q), 10) for q in questions]
     assert any(batched)
 
 
@@ -136,12 +123,26 @@ def test_generation_uses_the_kv_cache_even_if_the_config_turned_it_off(tokenizer
 
 def test_evaluate_qa(tokenizer, records):
     model = tiny_model(tokenizer, "llama", seed=0, **SMALL)
+    # Taught the other records' answers: it writes the benchmark's words (ROUGE above 0) but knows none of these six.
+    train_on_answers(model, tokenizer, records[6:], steps=30, lr=1e-2)
     rows = records[:6] + [{"question": "Only a question?"}]
     scores = evaluate_qa(model, tokenizer, rows, batch_size=4)
     assert set(scores) == {"rouge_l_recall", "probability", "exact_match", "num_examples"}
     assert scores["num_examples"] == 6
     assert 0 <= scores["rouge_l_recall"] <= 1 and 0 < scores["probability"] < 1
-    assert scores["exact_match"] == 0.0  # a random model knows nothing
+    assert scores["exact_match"] == 0.0  # it never saw these answers
+    # The means by hand over the 6 records with an answer: ROUGE-L recall (rouge_score) of the greedy answer, given
+    # as many new tokens as the longest answer has (EOS included) plus 4, and exp(mean answer-token log-prob).
+    qa = records[:6]
+    examples = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in qa]
+    budget = max(sum(label != -100 for label in e["labels"]) for e in examples) + 4
+    answers = [hand_greedy(model, tokenizer, tokenize_prompt(tokenizer, r["question"]), budget) for r in qa]
+    recall = sum(hand_rouge_l(a, r["answer"], "recall") for a, r in zip(answers, qa)) / 6
+    assert 0 < recall < 1
+    assert scores["rouge_l_recall"] == pytest.approx(recall)
+    assert scores["probability"] == pytest.approx(
+        sum(hand_answer_probability(model, e) for e in examples) / 6, rel=1e-5
+    )
 
     from datasets import Dataset
 

@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from conftest import make_example, make_tiny_model
+from conftest import forget_set, make_example, make_tiny_model, retain_set
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.benchmarks import build_tokenizer, tiny_model
@@ -138,11 +138,23 @@ def test_idk_dpo():
     assert run(FORGET_OBJECTIVES, "idk_dpo", refusal=refusal) == pytest.approx(expected, rel=1e-6)
 
 
+def rmu_reference_direction(size, seed):
+    """RMU's fixed random unit vector u (Li et al., "The WMDP Benchmark", arXiv 2403.03218, §5): each coordinate
+    drawn uniformly from [0, 1) (torch.rand, seeded with ``seed``), then the vector divided by its norm."""
+    u = torch.rand(size, generator=torch.Generator().manual_seed(seed)).tolist()
+    norm = math.sqrt(sum(v * v for v in u))
+    return [v / norm for v in u]
+
+
 def test_rmu_terms():
     hidden = (torch.zeros(1, 3, 4), torch.tensor([[[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [9.0, 9.0, 9.0, 9.0]]]))
     mask = torch.tensor([[1, 1, 0]])  # the third token is padding
-    target = 2.0 * rmu_direction(4, 0, torch.device("cpu"))
-    expected = sum(((hidden[1][0][t] - target) ** 2).mean().item() for t in range(2)) / 2
+    u = rmu_reference_direction(4, CONFIG.seed)
+    assert rmu_direction(4, 0, torch.device("cpu")).tolist() == pytest.approx(u, rel=1e-6)
+    assert rmu_direction(4, 1, torch.device("cpu")).tolist() != pytest.approx(u)  # the seed picks the direction
+    # Forget term: the mean over unpadded tokens of mean_d (h_d - c u_d)^2, with the steering coefficient c = 2.
+    rows = [[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]]
+    expected = sum(sum((h - 2.0 * ud) ** 2 for h, ud in zip(row, u)) / 4 for row in rows) / 2
     value = run(FORGET_OBJECTIVES, "rmu", hidden_states=hidden, attention_mask=mask)
     assert value == pytest.approx(expected, rel=1e-6)
     reference = (hidden[0], torch.zeros(1, 3, 4))
@@ -172,8 +184,7 @@ def test_npo_gradient_points_like_ga_at_the_start():
     assert (npo.norm() / ga.norm()).item() == pytest.approx(6.0, rel=1e-4)  # 6 answer tokens per sequence
 
 
-FORGET = [make_example(i) for i in range(8)]
-RETAIN = [make_example(1000 + i) for i in range(16)]
+FORGET, RETAIN = forget_set(), retain_set()
 
 
 def args(tmp_path, **overrides):
@@ -471,11 +482,10 @@ def test_pdu_dual_variable_scales_the_retain_term_and_ascends_on_the_constraint(
     assert warm["dual"] == 3.0 and warm["epsilon"] is not None
 
 
-def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state):
+def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state, forget_examples, retain_examples):
     """The dual variable is saved with each checkpoint: a run resumed at step 3 ends with the same lambda and
     weights as an uninterrupted one (restarting lambda from its initial value would not)."""
-    forget = [make_example(i) for i in range(8)]
-    retain = [make_example(1000 + i) for i in range(16)]
+    forget, retain = forget_examples, retain_examples
 
     def trainer(output_dir):
         model = make_tiny_model()
@@ -558,7 +568,9 @@ def test_new_methods_run_under_lora_with_the_stopping_rule_and_surgery(tmp_path,
     retain = build_qa_dataset(load_split("retain95").select(range(8)), tokenizer)
     model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
     surgery = "sum" if method == "ce_u" else "sago"  # CE-U has no retain term to protect
-    settings = dict(method=method, max_steps=4, probe_interval=2, stop_on_violation=True, gradient_surgery=surgery)
+    settings = dict(
+        method=method, max_steps=4, probe_interval=2, stop_on_violation=True, gradient_surgery=surgery, logging_steps=1
+    )
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = UnlearnTrainer(
         model, args(tmp_path, **settings), forget, retain, processing_class=tokenizer, peft_config=lora
@@ -569,12 +581,30 @@ def test_new_methods_run_under_lora_with_the_stopping_rule_and_surgery(tmp_path,
     assert changed and all("lora_" in n for n in changed)
     assert trainer.record.method == method and trainer.record.adapter == "lora"
     assert trainer.record.probe_history and trainer.record.papers
+    # The stopping rule ran and decided: probes at steps 0, 2, 4 until the first one (after the start) whose violation
+    # rate is <= stop_alpha, where the run stopped; without one, the budget of 4 steps was used.
+    history = trainer.record.probe_history
+    alpha = trainer.args.stop_alpha
+    met = [h["step"] for h in history if h["step"] > 0 and h["violation_rate"] <= alpha]
+    stop = met[0] if met else 4
+    assert [h["step"] for h in history] == list(range(0, stop + 1, 2))
+    assert trainer.state.global_step == stop and trainer.record.stop_kind == ("target" if met else "budget")
+    # The surgery ran on every step: SAGO keeps the retain gradient wherever the two conflict, so the update never
+    # points against it (<u, g_r> = sum over conflicts of g_r^2 + sum elsewhere of g_f g_r >= 0).
+    logged = [log for log in trainer.state.log_history if "loss" in log]
+    assert [log["step"] for log in logged] == list(range(1, stop + 1))
+    if surgery == "sago":
+        assert all(0 < log["surgery/conflict_fraction"] < 1 for log in logged)
+        assert all(log["surgery/cos_update_retain"] >= -1e-6 for log in logged)
+    else:
+        assert not any(key.startswith("surgery/") for log in logged for key in log)
 
 
-def test_pdu_dual_update_sees_the_whole_accumulated_batch(tmp_path, memorized_llama_state):
+def test_pdu_dual_update_sees_the_whole_accumulated_batch(
+    tmp_path, memorized_llama_state, forget_examples, retain_examples
+):
     """The retain loss that moves lambda is the step's: 2 micro-batches of 2 give what one batch of 4 gives."""
-    forget = [make_example(i) for i in range(8)]
-    retain = [make_example(1000 + i) for i in range(16)]
+    forget, retain = forget_examples, retain_examples
 
     def first_update(batch_size, accumulation):
         model = make_tiny_model()

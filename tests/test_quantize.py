@@ -8,6 +8,7 @@ import tempfile
 import bitsandbytes.functional as bnb_functional
 import pytest
 import torch
+from conftest import train_on_answers
 
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.data import pad_examples, tokenize_qa
@@ -59,12 +60,7 @@ def regain():
     target = tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2)
     forget = load_split("forget01").select_columns(["question", "answer"])
     retain = load_split("retain99").select(range(10)).select_columns(["question", "answer"])
-    batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in [*forget, *retain]], 0)
-    optimizer = torch.optim.AdamW(target.parameters(), lr=1e-2)
-    for _ in range(80):
-        optimizer.zero_grad()
-        target(**batch).loss.backward()
-        optimizer.step()
+    train_on_answers(target, tokenizer, [*forget, *retain], steps=80, lr=1e-2)
     with torch.no_grad():
         for module in quantized_linears(target):  # on the NF4 grid, so NF4 changes nothing about the target
             module.weight.copy_(nf4_round_trip(module.weight))

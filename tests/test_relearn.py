@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from conftest import save_model_folder
 
 from hf_unlearn.cli import main
 from hf_unlearn.metrics import evaluate_qa
@@ -57,8 +58,7 @@ def test_suppressed_knowledge_comes_back_and_the_reference_is_not_flagged(models
 def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
     tokenizer, forget, _, suppressed, reference = models
     for name, model in (("suppressed", suppressed), ("reference", reference)):
-        model.save_pretrained(tmp_path / name)
-        tokenizer.save_pretrained(tmp_path / name)
+        save_model_folder(tmp_path / name, model, tokenizer)
     path = tmp_path / "forget.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in forget))
     assert main(["relearn-check", "--model", str(tmp_path / "suppressed"), "--output_dir", str(tmp_path)]) == 1

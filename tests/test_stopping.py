@@ -6,14 +6,13 @@ import logging
 
 import pytest
 import torch
-from conftest import make_example, make_tiny_model, unlearn_config
+from conftest import forget_set, hand_answer_probability, make_example, make_tiny_model, retain_set, unlearn_config
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data import pad_examples
 from hf_unlearn.margin import measure_violations
 
-FORGET = [make_example(i) for i in range(8)]
-RETAIN = [make_example(1000 + i) for i in range(16)]
+FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
 
 
@@ -174,9 +173,13 @@ def test_running_rate_equals_an_eval_mode_probe_on_the_same_batch(tmp_path, memo
     assert measured["violation_rate_train"] == pytest.approx(expected_forget["fractions"].mean().item(), abs=1e-6)
     assert measured["forget_probability_train"] == pytest.approx(expected_forget["probabilities"].mean().item())
     assert measured["num_examples"] == 4
-    # The retain probability is always a forward over the fixed retain sample (all 16 here), at the current weights.
-    all_retain = measure_violations(trainer.model, RETAIN, 0, k=10, tau=0.0)
-    assert measured["retain_probability"] == pytest.approx(all_retain["probabilities"].mean().item())
+    # The retain probability is always a forward over the fixed retain sample (all 16 here), at the current weights:
+    # the mean over its examples of exp(mean answer-token log-probability), by hand. The memorised examples all sit
+    # near 1, so the distances from 1 are compared, where the examples differ.
+    by_hand = sum(hand_answer_probability(trainer.model, example) for example in RETAIN) / len(RETAIN)
+    assert 1 - measured["retain_probability"] == pytest.approx(1 - by_hand, rel=1e-3)
+    just_trained = sum(hand_answer_probability(trainer.model, example) for example in retain) / len(retain)
+    assert 1 - by_hand != pytest.approx(1 - just_trained, rel=1e-3)  # the batch trained on would read otherwise
     assert expected_retain["probabilities"].numel() == 4
 
 

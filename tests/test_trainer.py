@@ -2,14 +2,14 @@ import math
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, make_example, make_tiny_model, memorize
+from conftest import ARCHITECTURES, forget_set, make_example, make_tiny_model, memorize, retain_set
 from peft import LoraConfig
+from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.data import pad_examples
 
-FORGET = [make_example(i) for i in range(8)]
-RETAIN = [make_example(1000 + i) for i in range(16)]
+FORGET, RETAIN = forget_set(), retain_set()
 LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}
 
 
@@ -111,13 +111,30 @@ def test_held_out_forget_examples_never_reach_a_training_batch(tmp_path):
     assert measured["violation_rate"] == measured["violation_rate_holdout"]
 
 
-def test_stops_at_the_first_probe_at_or_under_alpha(tmp_path, memorized_llama):
-    args = config(tmp_path, stop_alpha=1.0, probe_interval=3, max_steps=30)
-    trainer = UnlearnTrainer(model=memorized_llama, args=args, train_dataset=FORGET, retain_dataset=RETAIN)
-    trainer.train()
-    assert trainer.stopping_callback.stop_step == 3
-    assert trainer.state.global_step == 3
+def test_stops_at_the_first_probe_at_or_under_alpha(tmp_path, memorized_llama_state):
+    def run(alpha, stop=True):
+        model = make_tiny_model("llama")
+        model.load_state_dict(memorized_llama_state)
+        args = config(
+            tmp_path / f"{alpha}-{stop}", stop_alpha=alpha, stop_on_violation=stop, probe_interval=3, max_steps=30,
+            utility_floor=None,
+        )  # fmt: skip
+        trainer = UnlearnTrainer(model=model, args=args, train_dataset=FORGET, retain_dataset=RETAIN)
+        trainer.train()
+        return trainer
+
+    # The same run measured without stopping: the violation rate at each probe (steps 3, 6, ..., 30).
+    rates = {h["step"]: h["violation_rate"] for h in run(0.0, stop=False).stopping_callback.history if h["step"]}
+    # alpha = a later probe's rate that is below every earlier one: the first probe at or under it is that one.
+    steps = sorted(rates)
+    target = next(s for i, s in enumerate(steps) if i > 0 and rates[s] < min(rates[t] for t in steps[:i]))
+    trainer = run(rates[target])
+    assert trainer.stopping_callback.stop_step == target > 3 and trainer.state.global_step == target
+    assert trainer.stopping_callback.last_violation_rate == rates[target]  # at, not only under, alpha stops
     assert any("violation_rate" in log for log in trainer.state.log_history)
+    # Just under that rate the same probe does not stop the run.
+    below = run(math.nextafter(rates[target], -math.inf))
+    assert below.stopping_callback.stop_step != target
 
 
 def test_without_reaching_alpha_the_budget_is_used(tmp_path, memorized_llama):
@@ -232,12 +249,25 @@ def test_surgery_with_lora_bf16_and_clipping_changes_only_adapters(tmp_path, mem
         model=memorized_llama, args=args, train_dataset=FORGET, retain_dataset=RETAIN, peft_config=lora
     )
     before = snapshot(trainer.model)
+    stepped = []  # the norm of the gradient each optimizer step is given, after Trainer's clipping
+
+    class GradientNorm(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            grads = [p.grad.float() for p in model.parameters() if p.requires_grad and p.grad is not None]
+            stepped.append(math.sqrt(sum((g * g).sum().item() for g in grads)))
+
+    trainer.add_callback(GradientNorm())
     trainer.train()
     changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)
     logged = [log for log in trainer.state.log_history if "surgery/cos_update_retain" in log]
     assert logged and all(log["surgery/cos_update_retain"] >= -1e-6 for log in logged)
-    assert all(log["grad_norm"] >= 0 for log in trainer.state.log_history if "grad_norm" in log)
+    # Clipping: the surgery's update exceeds max_grad_norm (the logged norm is taken before clipping), and what the
+    # optimizer steps with is that update scaled down to the norm 0.5.
+    assert len(stepped) == 6
+    norms = [log["grad_norm"] for log in trainer.state.log_history if "grad_norm" in log]
+    assert len(norms) == 3 and max(norms) > 0.5
+    assert all(norm <= 0.5 * (1 + 1e-3) for norm in stepped) and max(stepped) == pytest.approx(0.5, rel=1e-3)
 
 
 def test_a_half_precision_reference_copy_halves_its_memory_and_trains(tmp_path, memorized_llama_state):
