@@ -154,7 +154,10 @@ def check_quantization_robustness(
         if full_precision is None:
             full_precision = _measure(reference_model, tokenizer, forget_records, retain_records, prompt_template)
         result: dict[str, Any] = {"full_precision": full_precision}
-        skip, unfit = modules_to_keep_for_cpu(AutoConfig.from_pretrained(path))
+        saved_config = AutoConfig.from_pretrained(path)
+        skip, unfit = modules_to_keep_for_cpu(saved_config)
+        # bitsandbytes quantizes 16- and 32-bit weights; a float64 model is quantized from its float32 rounding.
+        load_dtype = {"dtype": torch.float32} if _saved_dtype(saved_config) == torch.float64 else {}
         if unfit and any(mode in ("nf4", "fp4") for mode in modes):
             logger.warning(
                 f"Quantization check: {len(unfit)} layer(s) stay in full precision in the 4-bit models on this CPU, "
@@ -169,6 +172,7 @@ def check_quantization_robustness(
                     path,
                     quantization_config=quantization_config(mode, skip if four_bit and unfit else None),
                     device_map="cpu",
+                    **load_dtype,
                 )
                 layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
                 measured = _measure(quantized, tokenizer, forget_records, retain_records, prompt_template)
@@ -185,6 +189,11 @@ def check_quantization_robustness(
                 result[mode]["kept_in_full_precision"] = {"modules": unfit, "reason": CPU_PACKING_REASON}
             del quantized
     return result
+
+
+def _saved_dtype(config: Any) -> torch.dtype | None:
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .data import pad_examples, tokenize_qa
+from .margin import token_log_probs
 from .metrics import evaluate_qa, qa_records
 
 #: Forget ROUGE-L recall on the measured part that rises this much above the reference's after the same relearning
@@ -89,7 +90,10 @@ def relearning_curve(
         batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
         inputs = {k: v.to(device) for k, v in pad_examples(batch, pad_id).items()}
         optimizer.zero_grad(set_to_none=True)
-        loss = attacked(**inputs).loss
+        # The answer tokens' mean NLL in the model's own precision (transformers' loss rounds float64 logits down).
+        outputs = attacked(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+        log_probs, mask = token_log_probs(outputs.logits, inputs["labels"])
+        loss = -log_probs.sum() / mask.sum()
         if not math.isfinite(loss.item()):
             raise FloatingPointError(f"The relearning loss became {loss.item()} at step {step}; lower learning_rate.")
         loss.backward()

@@ -152,15 +152,37 @@ def memorized_llama(memorized_llama_state):
     return model
 
 
+def answer_nll(logits, labels):
+    """Mean next-token NLL of the answer tokens in the logits' own precision (transformers' loss would round a
+    float64 model's logits to float32)."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), labels[:, 1:], ignore_index=-100)
+
+
+def cpu_independent_init(model, seed: int = 0):
+    """Refill every matrix of ``model`` with multiples of 2**-12 drawn as integers, spread like the usual 0.02-std
+    init: exact on any CPU (torch's ``normal_`` has vectorised and scalar implementations whose draws differ in the
+    last bits). Norm weights (1) and biases (0) stay. For tests whose outcome rests on a trained model's greedy
+    text."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                steps = torch.randint(-4096, 4097, param.shape, generator=generator, dtype=torch.int64)
+                param.copy_(steps.to(param.dtype) * (0.02 * 3**0.5 / 4096))
+    return model
+
+
 def train_on_answers(model, tokenizer, records, steps: int, lr: float, ascent: bool = False):
-    """AdamW on the answer tokens of QA ``records`` (gradient ascent with ``ascent``), the whole set as one batch."""
+    """AdamW on the answer tokens of QA ``records`` (gradient ascent with ``ascent``), the whole set as one batch, in
+    the model's own precision."""
     from hf_unlearn.data import pad_examples, tokenize_qa
 
     batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records], 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = model(**batch).loss
+        loss = answer_nll(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits,
+                          batch["labels"])  # fmt: skip
         (-loss if ascent else loss).backward()
         optimizer.step()
     return model
@@ -181,11 +203,14 @@ def suppressed_setting():
     holdout = list(load_split("holdout").select(range(10)).select_columns(["question", "answer"]))
 
     def fresh():
-        return tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2)
+        # float64 and a CPU-independent start: the relearning and audit verdicts rest on greedy text after AdamW
+        # steps, which float32 rounding differences between CPU kernels moved across their thresholds. GPT-2, which
+        # is float64 throughout (Llama's RMSNorm computes in float32).
+        return cpu_independent_init(tiny_model(tokenizer, "gpt2", hidden_size=48, num_layers=2, num_heads=2).double())
 
-    target = train_on_answers(fresh(), tokenizer, forget + retain, 150, 1e-2)
-    reference = train_on_answers(fresh(), tokenizer, retain, 150, 1e-2)
-    suppressed = train_on_answers(copy.deepcopy(target), tokenizer, forget, 10, 3e-3, ascent=True)
+    target = train_on_answers(fresh(), tokenizer, forget + retain, 300, 1e-2)
+    reference = train_on_answers(fresh(), tokenizer, retain, 300, 1e-2)
+    suppressed = train_on_answers(copy.deepcopy(target), tokenizer, forget, 10, 1e-3, ascent=True)
     return {
         "tokenizer": tokenizer,
         "forget": forget,
