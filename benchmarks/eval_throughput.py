@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from hf_unlearn.benchmarks import learn_target_model, load_split  # noqa: E402
-from hf_unlearn.data import tokenize_prompt, tokenize_qa  # noqa: E402
-from hf_unlearn.metrics import answer_log_probs, generate_answers  # noqa: E402
+from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa  # noqa: E402
+from hf_unlearn.evaluation.metrics import answer_log_probs, generate_answers  # noqa: E402
 
 
 def naive_scores(model, tokenizer, questions, answers):
@@ -91,7 +91,7 @@ def main() -> None:
     rows += measure("target (1.2M Llama)", model, tokenizer, questions, answers, 24)
     if not args.skip_smollm2:
         try:
-            from hf_unlearn.models import load_smollm2
+            from hf_unlearn.benchmarks.pretrained import load_smollm2
 
             model, tokenizer = load_smollm2()
             tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token

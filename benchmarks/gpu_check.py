@@ -8,7 +8,7 @@ token sequences (256 tokens, batch 8, forget and retain) with MASC + KL. One sub
 its own: full fine-tuning with gradient_surgery sum / sago / pcgrad, LoRA r16 (all linear layers) with sum / sago,
 and full fine-tuning under FSDP2 on one process (torchrun, fully_shard). Each row: optimizer steps per second after
 3 warm-up steps (probes off, so the rate is the training step's), the peak of torch.cuda.max_memory_allocated, and
-the bytes the trainer holds by hf_unlearn.memory's prediction, so the table shows what activations and temporaries
+the bytes the trainer holds by hf_unlearn.training.memory's prediction, so the table shows what activations and temporaries
 add. The surgery rows also give their step time as a ratio to `sum`'s, measured in the same run. A setting that
 fails is reported with its error; the others still run. The output says what was measured, on what, and when.
 """
@@ -52,7 +52,7 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
     from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
     from hf_unlearn import UnlearnConfig, UnlearnTrainer
-    from hf_unlearn.memory import lora_parameter_count, parameter_counts, predicted_state_bytes
+    from hf_unlearn.training.memory import lora_parameter_count, parameter_counts, predicted_state_bytes
 
     name, adapter, surgery, fsdp2 = SETTINGS[setting]
     shape = dict(SIZES[size])

@@ -3,7 +3,7 @@
     python benchmarks/memory_table.py [--steps 3] [--json out.json] [--skip-measured]
 
 Part 1 (measured, one subprocess per setting, the real SmolLM2-135M-Instruct): the bytes the trainer holds just
-before an optimizer step, counted tensor by tensor (hf_unlearn.memory.StateBytesCallback), against the prediction
+before an optimizer step, counted tensor by tensor (hf_unlearn.training.memory.StateBytesCallback), against the prediction
 (hf_unlearn.memory.predicted_state_bytes), and the process's peak resident memory (VmHWM) with its baseline after
 the imports, so that what the prediction leaves out (activations, the probe's forwards, allocator slack, libraries)
 is visible too.
@@ -63,8 +63,13 @@ def child(setting: int, steps: int) -> None:
 
     from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
     from hf_unlearn.benchmarks import load_split
-    from hf_unlearn.memory import StateBytesCallback, lora_parameter_count, parameter_counts, predicted_state_bytes
-    from hf_unlearn.models import load_smollm2
+    from hf_unlearn.benchmarks.pretrained import load_smollm2
+    from hf_unlearn.training.memory import (
+        StateBytesCallback,
+        lora_parameter_count,
+        parameter_counts,
+        predicted_state_bytes,
+    )
 
     name, adapter, surgery, reference_dtype = SETTINGS[setting]
     model, tokenizer = load_smollm2()
@@ -145,7 +150,7 @@ def projected() -> list[dict]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_unlearn.memory import lora_parameter_count, parameter_counts, predicted_state_bytes
+    from hf_unlearn.training.memory import lora_parameter_count, parameter_counts, predicted_state_bytes
 
     rows = []
     for architecture, values in ARCHITECTURES.items():

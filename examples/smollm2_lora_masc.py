@@ -10,8 +10,8 @@ from datasets import Dataset
 from peft import LoraConfig
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
-from hf_unlearn.metrics import evaluate_qa, generate_answers
-from hf_unlearn.models import load_smollm2
+from hf_unlearn.evaluation.metrics import evaluate_qa, generate_answers
+from hf_unlearn.benchmarks.pretrained import load_smollm2
 
 FORGET = ["France", "Japan", "Italy", "Egypt"]
 RETAIN = ["Germany", "Spain", "Canada", "China", "Russia", "Greece", "Kenya", "Peru"]

@@ -1,17 +1,17 @@
 """hf_unlearn: make a language model forget specific training data, as a Hugging Face Trainer plugin."""
 
-from .callbacks import ViolationStoppingCallback
-from .config import METHODS, UnlearnConfig
-from .data import build_qa_dataset, tokenize_qa
-from .margin import restricted_margin, threshold_from_probability
-from .objectives import (
+from .data.examples import build_qa_dataset, tokenize_qa
+from .objectives.margin import restricted_margin, threshold_from_probability
+from .objectives.registry import (
     FORGET_OBJECTIVES,
     RETAIN_OBJECTIVES,
     register_forget_objective,
     register_retain_objective,
 )
-from .record import UnlearnRecord
-from .trainer import UnlearnTrainer
+from .training.callbacks import ViolationStoppingCallback
+from .training.config import METHODS, UnlearnConfig
+from .training.record import UnlearnRecord
+from .training.trainer import UnlearnTrainer
 
 __version__ = "0.1.0"
 

@@ -125,7 +125,7 @@ def retain_examples():
 
 def memorize(model, examples, steps: int = 150, lr: float = 1e-2):
     """Teach a tiny model the answers of ``examples`` (AdamW on answer tokens): something to forget."""
-    from hf_unlearn.data import pad_examples
+    from hf_unlearn.data.pairing import pad_examples
 
     batch = pad_examples(examples, pad_token_id=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -175,7 +175,8 @@ def cpu_independent_init(model, seed: int = 0):
 def train_on_answers(model, tokenizer, records, steps: int, lr: float, ascent: bool = False):
     """AdamW on the answer tokens of QA ``records`` (gradient ascent with ``ascent``), the whole set as one batch, in
     the model's own precision."""
-    from hf_unlearn.data import pad_examples, tokenize_qa
+    from hf_unlearn.data.examples import tokenize_qa
+    from hf_unlearn.data.pairing import pad_examples
 
     batch = pad_examples([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in records], 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)

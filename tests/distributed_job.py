@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
-from hf_unlearn.memory import StateBytesCallback
+from hf_unlearn.training.memory import StateBytesCallback
 
 
 def full(tensor):

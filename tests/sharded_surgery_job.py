@@ -15,7 +15,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 from torch.distributed.fsdp import fully_shard
 
-from hf_unlearn.surgery import STRATEGIES, combine_gradients_, local_shards
+from hf_unlearn.surgery.combine import STRATEGIES, combine_gradients_, local_shards
 
 
 def model_and_batches():

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from hf_unlearn.audit import PRIVLEAK_TOLERANCE, audit_markdown, membership_check, run_audit
-from hf_unlearn.model_card import build_model_card
-from hf_unlearn.record import UnlearnRecord
+from hf_unlearn.outputs.model_card import build_model_card
+from hf_unlearn.robustness.audit import PRIVLEAK_TOLERANCE, audit_markdown, membership_check, run_audit
+from hf_unlearn.training.record import UnlearnRecord
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,8 @@ def test_audit_fails_a_suppressed_model_and_says_why(setting):
     assert set(verdicts) == {"quantization", "relearning", "membership"}
     assert verdicts["relearning"]["passed"] is False and "ROUGE-L" in verdicts["relearning"]["threshold"]
     assert isinstance(verdicts["quantization"]["passed"], bool)
-    assert audit["quantization"]["nf4"]["quantized_layers"] == 14
+    # GPT-2, 2 blocks x (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj); lm_head stays in full precision.
+    assert audit["quantization"]["nf4"]["quantized_layers"] == 8
     markdown = audit_markdown(audit)
     assert "| relearning | FAILED |" in markdown and "### Membership attacks" in markdown
     record = UnlearnRecord(

@@ -3,8 +3,8 @@
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from hf_unlearn.callbacks import ViolationStoppingCallback
-from hf_unlearn.margin import hoeffding_upper_bound
+from hf_unlearn.objectives.margin import hoeffding_upper_bound
+from hf_unlearn.training.callbacks import ViolationStoppingCallback
 
 
 def drive(callback, rates, steps, num_examples=50):

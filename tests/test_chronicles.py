@@ -27,8 +27,8 @@ from hf_unlearn.benchmarks.fictitious_chronicles import (
     load_chronicles_split,
     split_passage,
 )
-from hf_unlearn.data import IGNORE_INDEX, tokenize_qa, tokenize_text
-from hf_unlearn.muse import verbmem
+from hf_unlearn.data.examples import IGNORE_INDEX, tokenize_qa, tokenize_text
+from hf_unlearn.evaluation.muse import verbmem
 
 PASSAGE_KEYS = {"subject", "subject_index", "passage_index", "text", "facts", "is_holdout"}
 QA_KEYS = {"subject", "subject_index", "attribute", "question", "answer", "value", "is_holdout"}

@@ -1,5 +1,6 @@
 """The command line: `run` on local files in the Hub schema, YAML configs, and the offline demo."""
 
+import dataclasses
 import json
 
 import pytest
@@ -8,9 +9,9 @@ from conftest import tiny_model_folder, write_hub_repo, write_qa_files
 from datasets import Dataset, DatasetDict
 
 from hf_unlearn.benchmarks import build_tokenizer, load_split
-from hf_unlearn.cli import main
-from hf_unlearn.data import tokenize_qa
-from hf_unlearn.loaders import load_records
+from hf_unlearn.cli.main import main
+from hf_unlearn.data.examples import tokenize_qa
+from hf_unlearn.data.loaders import load_records
 
 REPORT_KEYS = {
     "method",
@@ -43,9 +44,9 @@ def test_run_from_local_files(tmp_path, local_model_and_data):
             "run",
             "--model_name_or_path",
             str(root / "model"),
-            "--dataset_name",
+            "--forget_data",
             str(root / "forget.json"),
-            "--retain_dataset_name",
+            "--retain_data",
             str(root / "retain.jsonl"),
             "--output_dir",
             str(out),
@@ -72,8 +73,8 @@ def test_run_from_yaml_and_unknown_keys_are_named(tmp_path, local_model_and_data
     root = local_model_and_data
     config = {
         "model_name_or_path": str(root / "model"),
-        "dataset_name": str(root / "forget.json"),
-        "retain_dataset_name": str(root / "retain.jsonl"),
+        "forget_data": str(root / "forget.json"),
+        "retain_data": str(root / "retain.jsonl"),
         "output_dir": str(tmp_path / "yaml-out"),
         "max_steps": 2,
         "probe_interval": 1,
@@ -119,14 +120,14 @@ def test_offline_hub_id_fails_with_a_clear_message(monkeypatch, tmp_path, capsys
         load_records("someone/not-here", "forget10")
     out = tmp_path / "o"
     assert (
-        main(["run", "--model_name_or_path", "someone/not-here", "--dataset_name", "x", "--output_dir", str(out)]) == 1
+        main(["run", "--model_name_or_path", "someone/not-here", "--forget_data", "x", "--output_dir", str(out)]) == 1
     )
     error = capsys.readouterr().err
     assert "Could not load model 'someone/not-here'" in error and "HF_HUB_OFFLINE=1" in error
     assert "Traceback" not in error and not out.exists()
     monkeypatch.setenv("HF_UNLEARN_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="(?s)Could not load model 'someone/not-here'.*HF_HUB_OFFLINE=1"):
-        main(["run", "--model_name_or_path", "someone/not-here", "--dataset_name", "x", "--output_dir", str(out)])
+        main(["run", "--model_name_or_path", "someone/not-here", "--forget_data", "x", "--output_dir", str(out)])
 
 
 def test_tokenize_qa_masks_the_prompt():
@@ -157,9 +158,9 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     assert 0 <= tofu["before"]["forget_quality"] <= 1 and 0 <= tofu["after"]["forget_quality"] <= 1
     assert "Forget quality" in (out / "report.md").read_text()
     assert report["stop_reason"].startswith("target reached") and report["complete"]
-    assert (out / "model.safetensors").is_file()  # so `hf-unlearn eval --model OUT` works
+    assert (out / "model.safetensors").is_file()  # so `hf-unlearn eval --model_name_or_path OUT` works
     # The robustness audit of the demo's output, offline: one verdict per check, written to the record and card.
-    assert main(["audit", "--model", str(out), "--output_dir", str(tmp_path / "audit")]) == 0
+    assert main(["audit", "--model_name_or_path", str(out), "--output_dir", str(tmp_path / "audit")]) == 0
     audit = json.loads((tmp_path / "audit" / "audit.json").read_text())
     assert set(audit["verdicts"]) == {"quantization", "relearning", "membership"}
     assert audit["membership"]["verdict"] in ("under-unlearned", "like retraining", "over-unlearned")
@@ -188,9 +189,9 @@ def test_sequence_of_requests_on_the_embedded_benchmark(tmp_path):
 
 def test_sequence_refuses_requests_without_a_model(tmp_path, capsys):
     assert main(["sequence", "--output_dir", str(tmp_path / "s"), "--requests", "a.json"]) == 1
-    assert "give --model too" in capsys.readouterr().err
+    assert "give --model_name_or_path too" in capsys.readouterr().err
     model = tmp_path / "model"
-    assert main(["sequence", "--output_dir", str(tmp_path / "s"), "--model", str(model)]) == 1
+    assert main(["sequence", "--output_dir", str(tmp_path / "s"), "--model_name_or_path", str(model)]) == 1
     assert "--requests first.json" in capsys.readouterr().err
 
 
@@ -213,8 +214,8 @@ def test_run_with_audit_writes_the_verdicts_into_record_and_card(tmp_path, local
     root = local_model_and_data
     load_split("holdout").select(range(10)).to_json(tmp_path / "holdout.json")
     out = tmp_path / "audited"
-    argv = ["run", "--model_name_or_path", str(root / "model"), "--dataset_name", str(root / "forget.json"),
-            "--retain_dataset_name", str(root / "retain.jsonl"), "--output_dir", str(out), "--max_steps", "4",
+    argv = ["run", "--model_name_or_path", str(root / "model"), "--forget_data", str(root / "forget.json"),
+            "--retain_data", str(root / "retain.jsonl"), "--output_dir", str(out), "--max_steps", "4",
             "--report_to", "none", "--use_cpu", "true", "--evaluate", "false", "--audit", "true",
             "--audit_holdout_data", str(tmp_path / "holdout.json")]  # fmt: skip
     assert main(argv) == 0
@@ -230,7 +231,7 @@ def test_run_with_audit_writes_the_verdicts_into_record_and_card(tmp_path, local
 def test_a_lora_output_unlearned_again_keeps_its_ledger(tmp_path, local_model_and_data):
     """The adapter folder holds the ledger; the model loaded from it names only its base, so the job reads it."""
     root = local_model_and_data
-    common = ["--dataset_name", str(root / "forget.json"), "--retain_dataset_name", str(root / "retain.jsonl"),
+    common = ["--forget_data", str(root / "forget.json"), "--retain_data", str(root / "retain.jsonl"),
               "--max_steps", "2", "--report_to", "none", "--use_cpu", "true", "--evaluate", "false"]  # fmt: skip
     first, second = tmp_path / "first", tmp_path / "second"
     lora = ["--lora_r", "4", "--lora_target_modules", "c_attn"]
@@ -241,3 +242,38 @@ def test_a_lora_output_unlearned_again_keeps_its_ledger(tmp_path, local_model_an
     assert main(["run", "--model_name_or_path", str(first), "--output_dir", str(second), *common]) == 0
     again = json.loads((second / "unlearning_ledger.json").read_text())["requests"]
     assert [e["request"] for e in again] == [1, 2] and again[0] == ledger[0]
+
+
+def test_every_command_spells_the_model_and_data_the_same_way_and_old_spellings_still_work(tmp_path, caplog):
+    """--model_name_or_path and --forget_data/--retain_data on every command; the flags of the previous release
+    (--model, --model_dir, --dataset_name, --retain_dataset_name) are read as those, with one warning each."""
+    import logging
+
+    from hf_unlearn.cli.arguments import (
+        AuditArguments,
+        EvalArguments,
+        PushArguments,
+        QuantCheckArguments,
+        RelearnCheckArguments,
+        RunArguments,
+        SequenceArguments,
+    )
+    from hf_unlearn.cli.main import _parse, current_spelling
+
+    for arguments in (RunArguments, SequenceArguments, EvalArguments, QuantCheckArguments, RelearnCheckArguments,
+                      AuditArguments, PushArguments):  # fmt: skip
+        names = {f.name for f in dataclasses.fields(arguments)}
+        assert "model_name_or_path" in names and not names & {"model", "model_dir", "dataset_name"}, arguments
+        if arguments is not PushArguments:
+            assert {"forget_data", "retain_data", "question_column", "answer_column"} <= names, arguments
+    with caplog.at_level(logging.WARNING):
+        argv = current_spelling(["--model", "m", "--dataset_name=f.json", "--retain_dataset_name", "r.json"])
+    assert argv == ["--model_name_or_path", "m", "--forget_data=f.json", "--retain_data", "r.json"]
+    assert caplog.text.count("is deprecated") == 3 and "use --forget_data" in caplog.text
+    (cli,) = _parse((EvalArguments,), ["--model", "folder", "--forget_data", "f.json"])
+    assert cli.model_name_or_path == "folder" and cli.forget_data == "f.json"
+    (push,) = _parse((PushArguments,), ["--model_dir", "out", "--repo_id", "me/x"])
+    assert push.model_name_or_path == "out"
+    # Without a model the command says which flag it needs, before any work.
+    assert main(["eval", "--forget_data", "f.json", "--output_dir", str(tmp_path)]) == 1
+    assert main(["run", "--model_name_or_path", "m", "--output_dir", str(tmp_path / "r")]) == 1

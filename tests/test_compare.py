@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hf_unlearn.cli import main
-from hf_unlearn.compare import _summary, in_region
+from hf_unlearn.cli.main import main
+from hf_unlearn.jobs.compare import _summary, in_region
 
 REGION = {
     "forget_rouge_l_recall_max": 0.6,

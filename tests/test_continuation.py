@@ -7,8 +7,9 @@ import torch
 from conftest import make_example, make_tiny_model, memorize, unlearn_config
 
 from hf_unlearn import UnlearnTrainer
-from hf_unlearn.data import ContinuationScoring, continuation_labels, pad_examples, tokenize_text
-from hf_unlearn.margin import restricted_margin, shift_for_causal_lm
+from hf_unlearn.data.examples import tokenize_text
+from hf_unlearn.data.pairing import ContinuationScoring, continuation_labels, pad_examples
+from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
 
 IGNORE = -100
 
@@ -78,15 +79,15 @@ def test_training_batches_score_only_a_continuation_that_changes_with_the_epoch(
         cuts.add(sum(label == IGNORE for label in dataset[0]["forget"]["labels"]))
     assert len(cuts) > 1  # a new cut each epoch
     # The probe's cut is fixed: the same examples every time they are read.
-    assert trainer.probe_examples == UnlearnTrainer(make_tiny_model(), config(tmp_path), texts).probe_examples
-    assert all(sum(label != IGNORE for label in e["labels"]) < 29 for e in trainer.probe_examples)
+    assert trainer.probes.sets.train == UnlearnTrainer(make_tiny_model(), config(tmp_path), texts).probes.sets.train
+    assert all(sum(label != IGNORE for label in e["labels"]) < 29 for e in trainer.probes.sets.train)
     assert "continuation_cut_min_ratio" in trainer._make_record(final=False).hyperparameters
 
 
 def test_answer_scoring_leaves_examples_whole(tmp_path, texts):
     trainer = UnlearnTrainer(make_tiny_model(), config(tmp_path, forget_scoring="answer"), texts)
     assert trainer.train_dataset[0]["forget"]["labels"] == texts[0]["labels"]
-    assert [e["labels"] for e in trainer.probe_examples] == [e["labels"] for e in texts]
+    assert [e["labels"] for e in trainer.probes.sets.train] == [e["labels"] for e in texts]
     assert "continuation_cut_min_ratio" not in trainer._make_record(final=False).hyperparameters
 
 
@@ -94,7 +95,7 @@ def test_probe_violation_rate_is_the_suffix_fraction_by_hand(tmp_path, texts):
     """The stopping probe's rate, against margins of the whole text restricted to the continuation by hand."""
     model = memorize(make_tiny_model(), texts, steps=12)  # partly learned: some tokens violate, some do not
     trainer = UnlearnTrainer(model, config(tmp_path, masc_k=3, masc_rho=0.5), texts)
-    measured = trainer.measure_margins(trainer.probe_examples)["fractions"]
+    measured = trainer.probes.measure_margins(trainer.probes.sets.train)["fractions"]
     scoring = trainer._score_forget
     expected = []
     for i, text in enumerate(texts):
@@ -111,7 +112,7 @@ def test_probe_violation_rate_is_the_suffix_fraction_by_hand(tmp_path, texts):
     assert 0.0 < sum(expected) / len(expected) < 1.0
     # The whole-text rate differs, so the test would notice the cut being ignored.
     whole = UnlearnTrainer(model, config(tmp_path, masc_k=3, masc_rho=0.5, forget_scoring="answer"), texts)
-    assert whole.measure_margins(whole.probe_examples)["fractions"].tolist() != pytest.approx(expected, abs=1e-6)
+    assert whole.probes.measure_margins(whole.probes.sets.train)["fractions"].tolist() != pytest.approx(expected, abs=1e-6)
 
 
 def test_masc_loss_is_the_hinge_over_the_continuation(tmp_path, texts):
@@ -159,14 +160,14 @@ def test_bad_continuation_settings_are_named(tmp_path, overrides, message):
 
 
 def test_examples_too_short_to_cut_are_named(tmp_path, texts, caplog):
-    with caplog.at_level("WARNING", logger="hf_unlearn.trainer"):
+    with caplog.at_level("WARNING", logger="hf_unlearn.training.trainer"):
         UnlearnTrainer(make_tiny_model(), config(tmp_path), texts)  # 29 scored tokens, minimums 4 + 4
     assert "scored whole" not in caplog.text
-    with caplog.at_level("WARNING", logger="hf_unlearn.trainer"):
+    with caplog.at_level("WARNING", logger="hf_unlearn.training.trainer"):
         trainer = UnlearnTrainer(
             make_tiny_model(),
             config(tmp_path, continuation_min_prefix_tokens=20, continuation_min_suffix_tokens=20),
             texts,
         )
     assert "8 of 8 forget examples have fewer than 40 scored tokens" in caplog.text
-    assert [e["labels"] for e in trainer.probe_examples] == [e["labels"] for e in texts]
+    assert [e["labels"] for e in trainer.probes.sets.train] == [e["labels"] for e in texts]

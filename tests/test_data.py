@@ -2,14 +2,8 @@ import pytest
 from datasets import Dataset
 
 from hf_unlearn.benchmarks import build_tokenizer
-from hf_unlearn.data import (
-    ForgetRetainCollator,
-    ForgetRetainDataset,
-    build_qa_dataset,
-    split_holdout,
-    tokenize_prompt,
-    tokenize_qa,
-)
+from hf_unlearn.data.examples import build_qa_dataset, tokenize_prompt, tokenize_qa
+from hf_unlearn.data.pairing import ForgetRetainCollator, ForgetRetainDataset, split_holdout
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"

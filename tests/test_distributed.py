@@ -157,7 +157,7 @@ def test_deepspeed_zero3_partitions_the_reference_and_matches_one_process(tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("config_file", ["ddp.yaml", "zero3.yaml"])
 def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
-    """`accelerate launch --config_file examples/accelerate/<file> -m hf_unlearn.cli run ...` on a CPU-only
+    """`accelerate launch --config_file examples/accelerate/<file> -m hf_unlearn.cli.main run ...` on a CPU-only
     machine: both processes train (use_cpu is switched on by itself), the main process alone writes the report and
     says so once. With ZeRO-3 the CLI loads the model partitioned (zero.Init), measures before and after with the
     weights gathered, and copies the KL reference partition-wise."""
@@ -168,9 +168,9 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
     # The shipped accelerate config, as a user would launch it.
     config = os.path.join(HERE, "..", "examples", "accelerate", config_file)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config,
-               "-m", "hf_unlearn.cli", "run",
-               "--model_name_or_path", str(tmp_path / "model"), "--dataset_name", str(tmp_path / "forget.json"),
-               "--retain_dataset_name", str(tmp_path / "retain.jsonl"), "--output_dir", str(tmp_path / "out"),
+               "-m", "hf_unlearn.cli.main", "run",
+               "--model_name_or_path", str(tmp_path / "model"), "--forget_data", str(tmp_path / "forget.json"),
+               "--retain_data", str(tmp_path / "retain.jsonl"), "--output_dir", str(tmp_path / "out"),
                "--max_steps", "4", "--probe_interval", "2", "--report_to", "none",
                "--learning_rate", "1e-3"]  # fmt: skip
     completed = subprocess.run(

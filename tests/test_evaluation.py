@@ -10,8 +10,8 @@ from scipy.stats import ks_2samp
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-from hf_unlearn.data import tokenize_prompt, tokenize_qa
-from hf_unlearn.metrics import evaluate_unlearning, forget_quality, model_utility, reproduction_bound
+from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
+from hf_unlearn.evaluation.metrics import evaluate_unlearning, forget_quality, model_utility, reproduction_bound
 
 
 def mean(values):
@@ -118,7 +118,7 @@ def test_evaluate_unlearning_reports_every_axis():
 
 
 def test_normalized_probability_is_a_share_of_the_options():
-    from hf_unlearn.metrics import answer_log_probs, normalized_probabilities
+    from hf_unlearn.evaluation.metrics import answer_log_probs, normalized_probabilities
 
     tokenizer = build_tokenizer()
     model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=1, num_heads=2)
@@ -134,10 +134,12 @@ def test_eval_command_on_the_embedded_benchmark(tmp_path):
     """TOFU and MUSE views of the embedded benchmark: the target model has memorised the forget set, which
     the retain-only model (the reference) has not."""
     from hf_unlearn.benchmarks import learn_target_model
-    from hf_unlearn.cli import main
+    from hf_unlearn.cli.main import main
 
     _, _, info = learn_target_model(show_progress=False)
-    assert main(["eval", "--model", info["path"], "--split", "forget10", "--output_dir", str(tmp_path)]) == 0
+    assert (
+        main(["eval", "--model_name_or_path", info["path"], "--split", "forget10", "--output_dir", str(tmp_path)]) == 0
+    )
     result = json.loads((tmp_path / "eval.json").read_text())
     assert result["forget"]["rouge_l_recall"] > 0.9 and len(result["forget_truth_ratios"]) == 20
     # The target is told apart from the retain-only model (KS p < 0.1: 0.012 on an Intel Xeon, 0.081 on an AMD

@@ -18,7 +18,7 @@ from hf_unlearn.benchmarks import (
     tiny_model_config,
 )
 from hf_unlearn.benchmarks.target_model import _sft_trainer
-from hf_unlearn.data import IGNORE_INDEX, tokenize_qa
+from hf_unlearn.data.examples import IGNORE_INDEX, tokenize_qa
 
 RECORD_KEYS = {"author", "author_index", "question", "answer", "paraphrased_answer", "perturbed_answer", "is_holdout"}
 
@@ -198,7 +198,7 @@ def test_learn_target_model_reaches_target_and_caches(tmp_path):
     question = "Where was Veloran Quist born?"
     assert tokenizer2(question)["input_ids"] == tokenizer(question)["input_ids"]
 
-    from hf_unlearn.metrics import evaluate_qa
+    from hf_unlearn.evaluation.metrics import evaluate_qa
 
     scores = evaluate_qa(model2, tokenizer2, load_split("full", num_authors=20))
     assert scores["exact_match"] == pytest.approx(info["exact_match"])

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-from hf_unlearn.cli import main, quiet_third_party
-from hf_unlearn.data import tokenize_prompt, tokenize_qa
+from hf_unlearn.cli.main import main, quiet_third_party
+from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
 
 COMMON = ["--report_to", "none", "--use_cpu", "true", "--disable_tqdm", "true", "--evaluate", "false"]
 
@@ -65,9 +65,9 @@ def run_args(user, output_dir, forget=None, *extra):
         "run",
         "--model_name_or_path",
         user / "model",
-        "--dataset_name",
+        "--forget_data",
         forget or user / "forget.jsonl",
-        "--retain_dataset_name",
+        "--retain_data",
         user / "retain.jsonl",
         "--output_dir",
         output_dir,
@@ -202,8 +202,8 @@ def test_yaml_values_are_typed_like_flags_and_bad_ones_name_their_key(capsys, us
     out = tmp_path / "out"
     config = {
         "model_name_or_path": str(user / "model"),
-        "dataset_name": str(user / "forget.jsonl"),
-        "retain_dataset_name": str(user / "retain.jsonl"),
+        "forget_data": str(user / "forget.jsonl"),
+        "retain_data": str(user / "retain.jsonl"),
         "output_dir": str(out),
         "report_to": "none",
         "use_cpu": True,
@@ -331,14 +331,22 @@ def test_unwritable_output_folder_is_refused_before_any_work(capsys, user, tmp_p
 
 def test_eval_on_own_data_and_never_silently_on_the_embedded_benchmark(capsys, user, tmp_path):
     model = user / "model"
-    status, error = run_cli(capsys, "eval", "--model", model, "--output_dir", tmp_path / "e0")
+    status, error = run_cli(capsys, "eval", "--model_name_or_path", model, "--output_dir", tmp_path / "e0")
     assert status == 1 and "--forget_data" in error and "say what to evaluate" in error
     assert not (tmp_path / "e0").exists()
 
     out = tmp_path / "e1"
     status, error = run_cli(
         capsys,
-        *["eval", "--model", model, "--forget_data", user / "forget.jsonl", "--retain_data", user / "retain.jsonl"],
+        *[
+            "eval",
+            "--model_name_or_path",
+            model,
+            "--forget_data",
+            user / "forget.jsonl",
+            "--retain_data",
+            user / "retain.jsonl",
+        ],
         *["--holdout_data", user / "holdout.jsonl", "--output_dir", out],
     )
     assert status == 0, error
@@ -353,7 +361,7 @@ def test_eval_on_own_data_and_never_silently_on_the_embedded_benchmark(capsys, u
     # evaluated with a warning in the output.
     out = tmp_path / "e2"
     status, error = run_cli(
-        capsys, "eval", "--model", model, "--benchmark", user / "forget.jsonl", "--output_dir", out
+        capsys, "eval", "--model_name_or_path", model, "--benchmark", user / "forget.jsonl", "--output_dir", out
     )
     assert status == 0, error
     assert "evaluated as your forget set" in (out / "eval.md").read_text()
@@ -362,7 +370,7 @@ def test_eval_on_own_data_and_never_silently_on_the_embedded_benchmark(capsys, u
     out = tmp_path / "e3"
     status, error = run_cli(
         capsys,
-        *["eval", "--model", model, "--benchmark", "embedded", "--max_examples", 2, "--output_dir", out],
+        *["eval", "--model_name_or_path", model, "--benchmark", "embedded", "--max_examples", 2, "--output_dir", out],
         *["--reference_eval", reference],
     )
     assert status == 0, error
@@ -447,11 +455,11 @@ def test_readme_drop_in_snippet_runs_to_a_self_stop_on_a_users_own_ten_facts(use
 
 def test_quant_check_on_own_data_and_never_silently_on_the_embedded_benchmark(capsys, user, tmp_path):
     model = user / "model"
-    status, error = run_cli(capsys, "quant-check", "--model", model, "--output_dir", tmp_path / "q0")
+    status, error = run_cli(capsys, "quant-check", "--model_name_or_path", model, "--output_dir", tmp_path / "q0")
     assert status == 1 and "--forget_data" in error
     status, error = run_cli(
         capsys,
-        *["quant-check", "--model", model, "--forget_data", user / "forget.jsonl"],
+        *["quant-check", "--model_name_or_path", model, "--forget_data", user / "forget.jsonl"],
         *["--retain_data", user / "retain.jsonl", "--modes", "nf4", "--output_dir", tmp_path / "q1"],
     )
     assert status == 0, error

@@ -19,10 +19,10 @@ from peft import LoraConfig
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.benchmarks import load_split, tiny_model
-from hf_unlearn.cli import main
-from hf_unlearn.data import tokenize_qa
-from hf_unlearn.quantize import check_quantization_robustness, quantization_table
-from hf_unlearn.record import UnlearnRecord
+from hf_unlearn.cli.main import main
+from hf_unlearn.data.examples import tokenize_qa
+from hf_unlearn.robustness.quantize import check_quantization_robustness, quantization_table
+from hf_unlearn.training.record import UnlearnRecord
 
 FORGET, RETAIN = forget_set(), retain_set()
 
@@ -261,7 +261,7 @@ def test_quant_check_command(tmp_path, saved_tiny_model, capsys):
     root, _, _ = saved_tiny_model
     args = [
         "quant-check",
-        "--model",
+        "--model_name_or_path",
         str(root),
         "--split",
         "forget01",
@@ -283,9 +283,17 @@ def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch, c
     trainer.save_model()
     before = folder_digest(tmp_path / "out")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    push = ["push", "--model_dir", str(tmp_path / "out"), "--repo_id", "someone/unlearned", "--merge_adapter", "true"]
+    push = [
+        "push",
+        "--model_name_or_path",
+        str(tmp_path / "out"),
+        "--repo_id",
+        "someone/unlearned",
+        "--merge_adapter",
+        "true",
+    ]
     assert main(push) == 1 and "offline mode is on" in capsys.readouterr().err
-    assert main(["push", "--model_dir", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"]) == 1
+    assert main(["push", "--model_name_or_path", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"]) == 1
     assert "is not a folder" in capsys.readouterr().err
     monkeypatch.setenv("HF_UNLEARN_TRACEBACK", "1")
     with pytest.raises(ConnectionError, match="offline mode is on"):
@@ -295,7 +303,7 @@ def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch, c
 
 def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model):
     root, _, tokenizer = saved_tiny_model
-    from hf_unlearn.data import build_qa_dataset
+    from hf_unlearn.data.examples import build_qa_dataset
     from hf_unlearn.jobs import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(str(root), load_in_4bit=True)

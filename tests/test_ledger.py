@@ -8,9 +8,9 @@ from conftest import unlearn_config
 from transformers import AutoModelForCausalLM
 
 from hf_unlearn import UnlearnTrainer, build_qa_dataset
-from hf_unlearn.ledger import LEDGER_FILE, forget_set_fingerprint, ledger_markdown, load_ledger
-from hf_unlearn.model_card import build_model_card
-from hf_unlearn.record import UnlearnRecord
+from hf_unlearn.outputs.model_card import build_model_card
+from hf_unlearn.training.ledger import LEDGER_FILE, forget_set_fingerprint, ledger_markdown, load_ledger
+from hf_unlearn.training.record import UnlearnRecord
 
 
 def test_fingerprint_names_the_content_not_the_order():

@@ -6,7 +6,7 @@ import json
 import pytest
 from conftest import tiny_model_folder, write_hub_repo
 
-from hf_unlearn.loaders import COLUMN_MAPPING, map_columns, muse_evaluation_sets, tofu_evaluation_sets
+from hf_unlearn.data.loaders import COLUMN_MAPPING, map_columns, muse_evaluation_sets, tofu_evaluation_sets
 
 TOFU_ROW = {
     "question": "What genre does Basil Mahfouz Al-Kuwaiti write in?",
@@ -91,13 +91,13 @@ def tiny_model_dir(tmp_path):
 
 
 def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_dir, tmp_path):
-    from hf_unlearn.cli import main
+    from hf_unlearn.cli.main import main
 
     out = tmp_path / "tofu_eval"
     status = main(
         [
             "eval",
-            "--model",
+            "--model_name_or_path",
             tiny_model_dir,
             "--benchmark",
             "tofu",
@@ -116,20 +116,21 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
 
     # The reference given as a model: evaluated first; the same model is indistinguishable from itself.
     same = tmp_path / "tofu_same"
-    assert main(["eval", "--model", tiny_model_dir, "--benchmark", "tofu", "--dataset_path", tofu_repo,
+    assert main(["eval", "--model_name_or_path", tiny_model_dir, "--benchmark", "tofu", "--dataset_path", tofu_repo,
                  "--reference_model", tiny_model_dir, "--output_dir", str(same)]) == 0  # fmt: skip
     assert json.loads((same / "eval.json").read_text())["forget_quality"] == pytest.approx(1.0)
     assert (same / "reference_eval.json").is_file()
 
     # A saved eval of a "retrained" model as the reference gives forget quality and PrivLeak.
     muse_out = tmp_path / "muse_eval"
-    assert main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
-                 "--output_dir", str(muse_out)]) == 0  # fmt: skip
+    assert main(["eval", "--model_name_or_path", tiny_model_dir, "--benchmark", "muse_news",
+                 "--dataset_path", muse_repo, "--output_dir", str(muse_out)]) == 0  # fmt: skip
     muse = json.loads((muse_out / "eval.json").read_text())["muse"]
     assert {"verbmem_forget", "knowmem_forget", "knowmem_retain", "auc"} <= muse.keys() and muse["privleak"] is None
     again = tmp_path / "muse_again"
-    assert main(["eval", "--model", tiny_model_dir, "--benchmark", "muse_news", "--dataset_path", muse_repo,
-                 "--reference_eval", str(muse_out / "eval.json"), "--output_dir", str(again)]) == 0  # fmt: skip
+    assert main(["eval", "--model_name_or_path", tiny_model_dir, "--benchmark", "muse_news",
+                 "--dataset_path", muse_repo, "--reference_eval", str(muse_out / "eval.json"),
+                 "--output_dir", str(again)]) == 0  # fmt: skip
     # Every attack that one model can run (all but Reference, which needs a second model), each with its PrivLeak.
     leaks = json.loads((again / "eval.json").read_text())["muse"]["privleak"]
     assert leaks == {"loss": 0.0, "zlib": 0.0, "min_k": 0.0, "min_k_plus_plus": 0.0, "gradnorm": 0.0}

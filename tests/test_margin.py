@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from hf_unlearn.margin import (
+from hf_unlearn.objectives.margin import (
     calibration_gap,
     exact_reproduction_bound,
     hoeffding_upper_bound,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
-from hf_unlearn.membership import (
+from hf_unlearn.evaluation.membership import (
     ATTACKS,
     membership_auc,
     membership_scores,

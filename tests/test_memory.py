@@ -1,4 +1,4 @@
-"""The per-parameter memory prediction (hf_unlearn.memory) against the tensors a live trainer holds."""
+"""The per-parameter memory prediction (hf_unlearn.training.memory) against the tensors a live trainer holds."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from peft import LoraConfig
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_unlearn import UnlearnTrainer
-from hf_unlearn.memory import (
+from hf_unlearn.training.memory import (
     NF4_BYTES,
     StateBytesCallback,
     lora_parameter_count,

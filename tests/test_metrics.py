@@ -9,8 +9,8 @@ import torch
 from conftest import hand_answer_probability, hand_greedy, hand_rouge_l, train_on_answers
 
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
-from hf_unlearn.data import tokenize_prompt, tokenize_qa
-from hf_unlearn.metrics import (
+from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
+from hf_unlearn.evaluation.metrics import (
     answer_log_probs,
     answer_probability,
     default_max_new_tokens,
@@ -155,7 +155,7 @@ def test_evaluate_qa(tokenizer, records):
 
 
 def test_truth_ratio_aggregations_on_known_values():
-    from hf_unlearn.metrics import forget_truth_ratio, retain_truth_ratio
+    from hf_unlearn.evaluation.metrics import forget_truth_ratio, retain_truth_ratio
 
     ratios = [0.5, 2.0, 1.0]
     assert forget_truth_ratio(ratios) == pytest.approx((0.5 + 0.5 + 1.0) / 3)
@@ -163,7 +163,7 @@ def test_truth_ratio_aggregations_on_known_values():
 
 
 def test_truth_ratio_matches_answer_log_probs(tokenizer, records):
-    from hf_unlearn.metrics import truth_ratios
+    from hf_unlearn.evaluation.metrics import truth_ratios
 
     model = tiny_model(tokenizer, "llama", seed=2, **SMALL)
     record = records[0]

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.slow
 def test_smollm2_loads_offline_and_takes_a_lora_masc_step(tmp_path):
-    from hf_unlearn.models import load_smollm2
+    from hf_unlearn.benchmarks.pretrained import load_smollm2
 
     model, tokenizer = load_smollm2()
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32

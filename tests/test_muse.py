@@ -6,8 +6,8 @@ import pytest
 from conftest import hand_greedy, hand_rouge_l, train_on_answers
 
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
-from hf_unlearn.metrics import rouge_l_f1
-from hf_unlearn.muse import knowmem, verbmem
+from hf_unlearn.evaluation.metrics import rouge_l_f1
+from hf_unlearn.evaluation.muse import knowmem, verbmem
 
 
 @pytest.fixture(scope="module")

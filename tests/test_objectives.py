@@ -10,7 +10,8 @@ from conftest import forget_set, make_example, make_tiny_model, retain_set
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.benchmarks import build_tokenizer, tiny_model
-from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, rmu_direction
+from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs
+from hf_unlearn.objectives.classic import rmu_direction
 
 # One sequence: a prompt token, then a 2-token answer (labels 1 then 2). Position t predicts token t + 1.
 LOGITS = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.0, 1.5, -0.5], [0.0, 0.0, 0.0, 0.0]]])
@@ -168,7 +169,7 @@ def test_npo_gradient_points_like_ga_at_the_start():
     """At theta = theta_ref NPO's gradient is the gradient of log pi(y|x): GA's direction (cosine 1)."""
     model = make_tiny_model()
     examples = [make_example(i) for i in range(4)]  # equal answer lengths: the scales differ by a constant
-    from hf_unlearn.data import pad_examples
+    from hf_unlearn.data.pairing import pad_examples
 
     batch = pad_examples(examples, 0)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -235,8 +236,8 @@ def test_npo_stops_on_violation(tmp_path, memorized_llama):
 def test_idk_dpo_comes_to_prefer_the_refusal(tmp_path):
     tokenizer = build_tokenizer()
     from hf_unlearn.benchmarks import load_split
-    from hf_unlearn.data import build_qa_dataset
-    from hf_unlearn.trainer import refusal_example
+    from hf_unlearn.data import refusal_example
+    from hf_unlearn.data.examples import build_qa_dataset
 
     forget = build_qa_dataset(load_split("forget05"), tokenizer)
     retain = build_qa_dataset(load_split("retain95").select(range(20)), tokenizer)
@@ -246,7 +247,7 @@ def test_idk_dpo_comes_to_prefer_the_refusal(tmp_path):
     )
 
     def preference():
-        from hf_unlearn.data import pad_examples
+        from hf_unlearn.data.pairing import pad_examples
         from hf_unlearn.objectives import sequence_log_prob
 
         chosen = pad_examples([refusal_example(tokenizer, e, "I don't know.") for e in forget], tokenizer.pad_token_id)
@@ -513,9 +514,10 @@ def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state, fo
 
 def test_altpo_takes_alternates_from_the_records_and_comes_to_prefer_them(tmp_path):
     from hf_unlearn.benchmarks import load_split
-    from hf_unlearn.data import build_qa_dataset, pad_examples
+    from hf_unlearn.data import refusal_example
+    from hf_unlearn.data.examples import build_qa_dataset
+    from hf_unlearn.data.pairing import pad_examples
     from hf_unlearn.objectives import sequence_log_prob
-    from hf_unlearn.trainer import refusal_example
 
     tokenizer = build_tokenizer()
     records = load_split("forget05")
@@ -561,7 +563,7 @@ def test_new_methods_run_under_lora_with_the_stopping_rule_and_surgery(tmp_path,
     from peft import LoraConfig
 
     from hf_unlearn.benchmarks import load_split
-    from hf_unlearn.data import build_qa_dataset
+    from hf_unlearn.data.examples import build_qa_dataset
 
     tokenizer = build_tokenizer()
     forget = build_qa_dataset(load_split("forget05"), tokenizer)

@@ -11,9 +11,10 @@ import torch
 from conftest import train_on_answers
 
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-from hf_unlearn.data import pad_examples, tokenize_qa
-from hf_unlearn.metrics import evaluate_qa
-from hf_unlearn.quantize import check_quantization_robustness, quantization_table
+from hf_unlearn.data.examples import tokenize_qa
+from hf_unlearn.data.pairing import pad_examples
+from hf_unlearn.evaluation.metrics import evaluate_qa
+from hf_unlearn.robustness.quantize import check_quantization_robustness, quantization_table
 
 # bitsandbytes' NF4 code book (Dettmers et al. 2023, QLoRA, Appendix E), ascending.
 NF4_CODES = torch.tensor(
@@ -146,7 +147,7 @@ def test_layers_that_do_not_fit_the_avx512_bf16_layout_stay_in_full_precision_an
     are a multiple of 32. The check keeps such layers in full precision (bitsandbytes' skip list), names them with
     their shape in a warning and in the result, and quantizes the rest. This machine's CPU may lack AVX-512 BF16, so
     the CPU test is replaced; bitsandbytes' own repacking function shows which layers it would refuse."""
-    import hf_unlearn.quantize as quantize
+    import hf_unlearn.robustness.quantize as quantize
 
     tokenizer = build_tokenizer()
     forget = list(load_split("forget01").select_columns(["question", "answer"]))

@@ -6,7 +6,7 @@ import pytest
 from conftest import make_example, make_tiny_model, unlearn_config
 
 from hf_unlearn import UnlearnRecord, UnlearnTrainer
-from hf_unlearn.report import report_markdown, write_report
+from hf_unlearn.outputs.report import report_markdown, write_report
 
 FORGET = [make_example(i) for i in range(8)]
 RETAIN = [make_example(1000 + i) for i in range(16)]

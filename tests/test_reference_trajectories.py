@@ -25,7 +25,7 @@ from conftest import answer_nll, cpu_independent_init
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-from hf_unlearn.data import pad_examples
+from hf_unlearn.data.pairing import pad_examples
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "reference_trajectories.json")
 STEPS = 4

@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import save_model_folder
 
-from hf_unlearn.cli import main
-from hf_unlearn.metrics import evaluate_qa
-from hf_unlearn.relearn import check_relearning_robustness, relearning_table, split_for_relearning
+from hf_unlearn.cli.main import main
+from hf_unlearn.evaluation.metrics import evaluate_qa
+from hf_unlearn.robustness.relearn import check_relearning_robustness, relearning_table, split_for_relearning
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +61,15 @@ def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
         save_model_folder(tmp_path / name, model, tokenizer)
     path = tmp_path / "forget.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in forget))
-    assert main(["relearn-check", "--model", str(tmp_path / "suppressed"), "--output_dir", str(tmp_path)]) == 1
+    assert (
+        main(["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--output_dir", str(tmp_path)])
+        == 1
+    )
     assert "--forget_data" in capsys.readouterr().err
     status = main(
-        ["relearn-check", "--model", str(tmp_path / "suppressed"), "--forget_data", str(path), "--reference_model",
-         str(tmp_path / "reference"), "--steps", "10", "--learning_rate", "1e-3", "--output_dir", str(tmp_path)]
+        ["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--forget_data", str(path),
+         "--reference_model", str(tmp_path / "reference"), "--steps", "10", "--learning_rate", "1e-3",
+         "--output_dir", str(tmp_path)]
     )  # fmt: skip
     assert status == 0
     result = json.loads((tmp_path / "relearn_check.json").read_text())

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 from sharded_surgery_job import gradients, model_and_batches
 
-from hf_unlearn.surgery import STRATEGIES, combine_gradients_
+from hf_unlearn.surgery.combine import STRATEGIES, combine_gradients_
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -9,8 +9,8 @@ import torch
 from conftest import forget_set, hand_answer_probability, make_example, make_tiny_model, retain_set, unlearn_config
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
-from hf_unlearn.data import pad_examples
-from hf_unlearn.margin import measure_violations
+from hf_unlearn.data.pairing import pad_examples
+from hf_unlearn.objectives.margin import measure_violations
 
 FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
@@ -93,14 +93,13 @@ def test_the_floor_restores_the_last_probe_above_it_not_the_start(tmp_path, memo
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state), config(tmp_path, learning_rate=0.01, stop_alpha=0.0), FORGET, RETAIN
     )
-    original = trainer._snapshot
+    original = trainer.probes.snapshot
 
     def snapshot(name, step):
         original(name, step)
         kept[step] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
-    trainer._snapshot = snapshot
-    trainer._bind_stopping_callback(trainer.stopping_callback)
+    trainer.probes.snapshot = snapshot
     trainer.train()
     record = trainer.record
     assert record.stop_kind == "utility_floor" and record.restored_step is not None and record.restored_step > 0
@@ -116,14 +115,13 @@ def test_keep_best_state_restores_the_first_probe_that_met_the_target(tmp_path, 
         FORGET,
         RETAIN,
     )
-    original = trainer._snapshot
+    original = trainer.probes.snapshot
 
     def snapshot(name, step):
         original(name, step)
         kept[(name, step)] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
-    trainer._snapshot = snapshot
-    trainer._bind_stopping_callback(trainer.stopping_callback)
+    trainer.probes.snapshot = snapshot
     trainer.train()
     record = trainer.record
     first = trainer.stopping_callback.first_target_step
@@ -162,7 +160,7 @@ def test_the_stop_is_logged_with_step_and_rates(tmp_path, memorized_llama_state,
 def test_running_rate_equals_an_eval_mode_probe_on_the_same_batch(tmp_path, memorized_llama_state):
     """The 'train' probe's free measurement: the margins of the batch just trained on, from its own forward."""
     trainer = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN)
-    assert trainer._running
+    assert trainer.probes.running
     forget, retain = FORGET[:4], RETAIN[:4]
     batch = {"forget": pad_examples(forget, 0), "retain": pad_examples(retain, 0)}
     trainer.model.train()
@@ -211,7 +209,7 @@ def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
 
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4, n_positions=64))
     trainer = UnlearnTrainer(model, config(tmp_path), FORGET, RETAIN)
-    assert not trainer._running  # GPT-2's default dropout makes training-mode margins random
+    assert not trainer.probes.running  # GPT-2's default dropout makes training-mode margins random
 
 
 def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state):

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from hf_unlearn.surgery import STRATEGIES, combine_gradients, combine_gradients_
+from hf_unlearn.surgery.combine import STRATEGIES, combine_gradients, combine_gradients_
 
 RETENTION_FIRST = ("pcgrad", "pcgrad_global", "sago", "sago_prefer_retain")
 SHAPES = [(7,), (3, 5), (2, 3, 4), (1,)]
@@ -30,7 +30,7 @@ def flat(tensors):
 
 
 def reference_loop(forget, retain, strategy, gamma, alpha):
-    """Coordinate-by-coordinate transcription of DESIGN §4 with Python floats."""
+    """Coordinate-by-coordinate transcription of the formulas of arXiv 2604.14808 §3 with Python floats."""
     out = []
     global_dot = sum(float(a) * float(b) for f, r in zip(forget, retain) for a, b in zip(f.reshape(-1), r.reshape(-1)))
     global_rr = sum(float(b) ** 2 for r in retain for b in r.reshape(-1))

@@ -7,7 +7,7 @@ from peft import LoraConfig
 from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
-from hf_unlearn.data import pad_examples
+from hf_unlearn.data.pairing import pad_examples
 
 FORGET, RETAIN = forget_set(), retain_set()
 LORA_TARGETS = {"llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}
@@ -96,7 +96,7 @@ def test_held_out_forget_examples_never_reach_a_training_batch(tmp_path):
         train_dataset=forget,
         retain_dataset=RETAIN,
     )
-    held_out = {tuple(e["input_ids"]) for e in trainer.holdout_examples}
+    held_out = {tuple(e["input_ids"]) for e in trainer.probes.sets.holdout}
     assert len(held_out) == 5
     seen = set()
     for epoch in range(3):

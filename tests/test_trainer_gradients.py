@@ -12,9 +12,9 @@ from conftest import make_tiny_model, make_varied_example, memorize
 from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
-from hf_unlearn.data import pad_examples
+from hf_unlearn.data.pairing import pad_examples
 from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs
-from hf_unlearn.surgery import STRATEGIES, combine_gradients
+from hf_unlearn.surgery.combine import STRATEGIES, combine_gradients
 
 FORGET = [make_varied_example(i) for i in range(8)]
 RETAIN = [make_varied_example(100 + i) for i in range(8)]

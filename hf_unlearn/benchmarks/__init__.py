@@ -4,8 +4,8 @@
 recur across passages, :mod:`hf_unlearn.benchmarks.fictitious_chronicles`) and its learn stage
 (:mod:`hf_unlearn.benchmarks.chronicles_target`)."""
 
-from hf_unlearn.benchmarks.chronicles_target import learn_chronicles_target_model
-from hf_unlearn.benchmarks.fictitious_authors import (
+from .chronicles_target import learn_chronicles_target_model
+from .fictitious_authors import (
     BENCHMARK_VERSION,
     SPLIT_NAMES,
     build_tokenizer,
@@ -13,13 +13,13 @@ from hf_unlearn.benchmarks.fictitious_authors import (
     load_split,
     retain_split_for,
 )
-from hf_unlearn.benchmarks.fictitious_chronicles import (
+from .fictitious_chronicles import (
     CHRONICLES_SPLIT_NAMES,
     build_chronicles_tokenizer,
     generate_chronicles,
     load_chronicles_split,
 )
-from hf_unlearn.benchmarks.target_model import (
+from .target_model import (
     default_cache_dir,
     learn_retain_only_model,
     learn_target_model,

@@ -15,22 +15,22 @@ from typing import Any
 from datasets import Dataset
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from hf_unlearn.benchmarks.fictitious_chronicles import (
+from ..data.examples import tokenize_qa, tokenize_text
+from ..evaluation.muse import knowmem, verbmem
+from .fictitious_chronicles import (
     CHRONICLES_VERSION,
     build_chronicles_tokenizer,
     generate_chronicle_questions,
     load_chronicles_split,
     split_passage,
 )
-from hf_unlearn.benchmarks.target_model import (
-    _cache_path,
-    _from_cache,
-    _learn_into_cache,
-    _LearnStopper,
+from .target_model import (
+    LearnStopper,
+    cache_path,
+    from_cache,
+    learn_into_cache,
     tiny_model,
 )
-from hf_unlearn.data import tokenize_qa, tokenize_text
-from hf_unlearn.muse import knowmem, verbmem
 
 __all__ = ["CHRONICLES_MODEL_KWARGS", "learn_chronicles_target_model"]
 
@@ -50,7 +50,7 @@ def _prompts_and_continuations(passages: Sequence[str]) -> tuple[list[str], list
     return [prompt for prompt, _ in halves], [continuation for _, continuation in halves]
 
 
-class _VerbMemStopper(_LearnStopper):
+class _VerbMemStopper(LearnStopper):
     """MUSE's VerbMem on the learned passages: the mean ROUGE-L F1 of the greedy continuation of each passage's first
     half against its second half (:func:`hf_unlearn.muse.verbmem`).
 
@@ -160,8 +160,8 @@ def learn_chronicles_target_model(
 
     # Validate the split arguments (num_forget_subjects, counts) before looking at the cache.
     forget, retain, holdout = split("forget"), split("retain"), split("holdout")
-    path = _cache_path(cache_dir, "chronicles", settings)
-    cached = _from_cache(path, show_progress)
+    path = cache_path(cache_dir, "chronicles", settings)
+    cached = from_cache(path, show_progress)
     if cached is not None:
         model, tokenizer, info = cached
         if info["num_forget_subjects"] != num_forget_subjects:
@@ -211,7 +211,7 @@ def learn_chronicles_target_model(
             "longest_passage_tokens": longest,
         }
 
-    return _learn_into_cache(
+    return learn_into_cache(
         model,
         tokenizer,
         train,

@@ -20,7 +20,7 @@ from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from hf_unlearn.prompts import PLAIN_PROMPT_TEMPLATE
+from ..data.prompts import PLAIN_PROMPT_TEMPLATE
 
 __all__ = [
     "BENCHMARK_VERSION",

@@ -30,8 +30,8 @@ from typing import Any
 from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
 
-from hf_unlearn.benchmarks.fictitious_authors import train_bpe_tokenizer
-from hf_unlearn.prompts import PLAIN_PROMPT_TEMPLATE
+from ..data.prompts import PLAIN_PROMPT_TEMPLATE
+from .fictitious_authors import train_bpe_tokenizer
 
 __all__ = [
     "CHRONICLES_SPLIT_NAMES",

@@ -35,7 +35,11 @@ from transformers import (
     TrainerCallback,
 )
 
-from hf_unlearn.benchmarks.fictitious_authors import (
+from ..data.examples import ensure_pad_token, tokenize_qa
+from ..evaluation.metrics import default_max_new_tokens, exact_match, generate_answers
+from ..training.adapters import lora_config
+from ..training.callbacks import QuietProgressCallback
+from .fictitious_authors import (
     BENCHMARK_VERSION,
     build_tokenizer,
     generate_benchmark,
@@ -43,9 +47,6 @@ from hf_unlearn.benchmarks.fictitious_authors import (
     retain_split_for,
     tokenizer_corpus,
 )
-from hf_unlearn.callbacks import QuietProgressCallback
-from hf_unlearn.data import ensure_pad_token, tokenize_qa
-from hf_unlearn.metrics import default_max_new_tokens, exact_match, generate_answers
 
 __all__ = [
     "PRETRAINED_BASES",
@@ -141,7 +142,7 @@ def _count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-class _LearnStopper(TrainerCallback):
+class LearnStopper(TrainerCallback):
     """Every ``every`` epochs (and at the last), measure how well the learned data is known (:meth:`score`); stop
     learning once it reaches ``target``. ``history`` holds (epoch, score)."""
 
@@ -173,7 +174,7 @@ class _LearnStopper(TrainerCallback):
         return control
 
 
-class _ExactMatchStopper(_LearnStopper):
+class _ExactMatchStopper(LearnStopper):
     """Greedy exact match on the training QA."""
 
     def __init__(
@@ -249,7 +250,7 @@ def _sft_trainer(
 
 
 def _smollm2() -> tuple[PreTrainedModel, Any]:
-    from hf_unlearn.models import load_smollm2
+    from .pretrained import load_smollm2
 
     return load_smollm2()
 
@@ -326,8 +327,8 @@ def learn_target_model(
             settings[key] = value
     if base_model is not None and base_model not in PRETRAINED_BASES:
         raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
-    path = _cache_path(cache_dir, "fictitious_authors", settings)
-    cached = _from_cache(path, show_progress)
+    path = cache_path(cache_dir, "fictitious_authors", settings)
+    cached = from_cache(path, show_progress)
     if cached is not None:
         return cached
 
@@ -358,9 +359,9 @@ def learn_target_model(
         model, tokenizer = PRETRAINED_BASES[base_model]()
         ensure_pad_token(tokenizer)
     if lora_r > 0:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        lora = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+        lora = lora_config(lora_r, "all-linear", dropout=0.0)
         model = get_peft_model(model, lora)
     longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
     if longest > model.config.max_position_embeddings:
@@ -382,7 +383,7 @@ def learn_target_model(
             "seconds": time.perf_counter() - start,
         }
 
-    return _learn_into_cache(
+    return learn_into_cache(
         model,
         tokenizer,
         train,
@@ -398,32 +399,32 @@ def learn_target_model(
     )
 
 
-def _cache_path(cache_dir: str | os.PathLike[str] | None, benchmark: str, settings: Mapping[str, Any]) -> Path:
+def cache_path(cache_dir: str | os.PathLike[str] | None, benchmark: str, settings: Mapping[str, Any]) -> Path:
     """Where a learned model with these settings is cached: a digest of them under the benchmark's folder."""
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return root / benchmark / digest
 
 
-def _from_cache(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any, dict[str, Any]] | None:
+def from_cache(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any, dict[str, Any]] | None:
     """The cached model, its tokenizer and ``info`` (with ``cached``, ``path``, ``load_seconds``), or ``None``."""
     if not (path / "info.json").is_file():
         return None
     start = time.perf_counter()
-    model, tokenizer = _load_cached(path, show_progress)
+    model, tokenizer = load_cached(path, show_progress)
     info = json.loads((path / "info.json").read_text())
     info.update(cached=True, path=str(path), load_seconds=time.perf_counter() - start)
     return model, tokenizer, info
 
 
-def _learn_into_cache(
+def learn_into_cache(
     model: PreTrainedModel,
     tokenizer: Any,
     train: Dataset,
     path: Path,
     settings: Mapping[str, Any],
     summarize: Callable[[Any, int], tuple[PreTrainedModel, dict[str, Any]]],
-    stopper: _LearnStopper,
+    stopper: LearnStopper,
     *,
     max_epochs: int,
     learning_rate: float,
@@ -464,16 +465,16 @@ def _learn_into_cache(
             "settings": dict(settings),
             "transformers_version": transformers.__version__,
         }
-        _store_in_cache(model, tokenizer, info, staging, path, show_progress)
+        store_in_cache(model, tokenizer, info, staging, path, show_progress)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    model, tokenizer = _load_cached(path, show_progress)
+    model, tokenizer = load_cached(path, show_progress)
     info.update(cached=False, path=str(path))
     return model, tokenizer, info
 
 
-def _store_in_cache(
+def store_in_cache(
     model: PreTrainedModel, tokenizer: Any, info: dict[str, Any], staging: Path, path: Path, show_progress: bool
 ) -> None:
     """Save a learned model, its tokenizer and ``info.json`` into ``staging``, then move it to ``path`` in one
@@ -493,7 +494,7 @@ def _store_in_cache(
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _load_cached(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any]:
+def load_cached(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any]:
     tokenizer = AutoTokenizer.from_pretrained(path)
     with _progress_bars(show_progress):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)

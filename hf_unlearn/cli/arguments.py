@@ -1,0 +1,305 @@
+"""The options of each ``hf-unlearn`` command besides the ``UnlearnConfig`` fields, built from shared pieces so that
+every command spells the model, the data, the benchmark split and the LoRA adapter the same way:
+``--model_name_or_path``, ``--forget_data`` / ``--retain_data`` / ``--calibration_data`` / ``--holdout_data``,
+``--benchmark`` / ``--split``, ``--lora_r`` / ``--lora_target_modules``. The spellings of earlier releases are accepted
+with a deprecation message (:data:`DEPRECATED_FLAGS`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..training.adapters import DEFAULT_LORA_TARGETS
+
+PROMPT_TEMPLATE_HELP = (
+    "The format the model was fine-tuned in: default the tokenizer's chat template if it has one, else "
+    "'Question: {question}\\nAnswer: {answer}'; 'chat', 'plain', or your own format string with {question} and "
+    "{answer}, e.g. '### Q: {question}\\n### A: {answer}'."
+)
+
+#: Flags of earlier releases -> their spelling now (accepted for one more release, with a warning).
+DEPRECATED_FLAGS = {
+    "--model": "--model_name_or_path",
+    "--model_dir": "--model_name_or_path",
+    "--dataset_name": "--forget_data",
+    "--retain_dataset_name": "--retain_data",
+    "--calibration_dataset_name": "--calibration_data",
+}
+DEPRECATED_UNTIL = "0.3"
+
+
+@dataclass
+class ModelArguments:
+    """The model a command runs on."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "The model: a local folder (or Hub id) with its tokenizer."}
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "Allow custom model code from the Hub. Off unless you trust the source."}
+    )
+    prompt_template: str | None = field(
+        default=None,
+        metadata={"help": "Default: the one the model's run recorded, if any. " + PROMPT_TEMPLATE_HELP},
+    )
+
+    def require_model(self, command: str) -> str:
+        if not self.model_name_or_path:
+            raise ValueError(f"hf-unlearn {command}: give the model, --model_name_or_path FOLDER_OR_HUB_ID.")
+        return self.model_name_or_path
+
+
+@dataclass
+class QADataArguments:
+    """The user's own question/answer data."""
+
+    forget_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Your forget set: a JSON/JSONL/CSV/Parquet file, a save_to_disk folder or a Hub id (e.g. "
+            "locuslab/TOFU with --forget_subset), with question/answer columns."
+        },
+    )
+    retain_data: str | None = field(default=None, metadata={"help": "Your retain set (same forms)."})
+    question_column: str = field(default="question", metadata={"help": "Column holding the prompt/question."})
+    answer_column: str = field(default="answer", metadata={"help": "Column holding the answer to forget or keep."})
+
+
+@dataclass
+class BenchmarkArguments:
+    """A named benchmark and its split, instead of the user's own data."""
+
+    benchmark: str | None = field(
+        default=None,
+        metadata={
+            "help": "'embedded' (the fictitious authors), tofu, muse_news, muse_books, or a dataset path/Hub id with "
+            "--split/--retain_split subsets. Default: the benchmark the model's run record names; without one, give "
+            "--forget_data."
+        },
+    )
+    split: str = field(default="forget10", metadata={"help": "Forget split (embedded, tofu) or subset (dataset)."})
+    retain_split: str | None = field(default=None, metadata={"help": "Retain split/subset (default: the matching)."})
+
+
+@dataclass
+class LoraArguments:
+    """A LoRA adapter to train instead of every weight."""
+
+    lora_r: int = field(default=0, metadata={"help": "Train LoRA adapters of this rank (0: full fine-tuning)."})
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS), metadata={"help": "Modules LoRA adapts."}
+    )
+
+
+@dataclass
+class DemoArguments:
+    """Options of `hf-unlearn demo` besides the `UnlearnConfig` fields."""
+
+    benchmark: str = field(
+        default="fictitious_authors",
+        metadata={
+            "help": "Embedded benchmark: fictitious_authors (TOFU-shaped QA) or chronicles (MUSE-shaped passages "
+            "of fictitious towns whose facts recur across passages; unlearns the forget towns' passages)."
+        },
+    )
+    split: str = field(default="forget10", metadata={"help": "Forget split of the fictitious authors."})
+    architecture: str = field(default="llama", metadata={"help": "Tiny target model: llama, qwen2 or gpt2."})
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "Where the learned target model is cached (default ~/.cache/hf_unlearn)."}
+    )
+    audit: bool = field(
+        default=False,
+        metadata={
+            "help": "After unlearning, run the robustness audit (NF4 reload, relearning attack, membership attacks "
+            "against the benchmark's holdout authors) and add it to the report and card."
+        },
+    )
+    calibrate: bool = field(
+        default=True,
+        metadata={
+            "help": "Give the trainer the benchmark's calibration authors (never learned), so that stop_target='auto' "
+            "stops where the forget set looks as unfamiliar as they do. false: the fixed stop_alpha."
+        },
+    )
+
+
+@dataclass
+class RunArguments(ModelArguments, QADataArguments, LoraArguments):
+    """Options of `hf-unlearn run` besides the `UnlearnConfig` fields."""
+
+    forget_subset: str | None = field(
+        default=None, metadata={"help": "Config name of the forget data (e.g. forget10)."}
+    )
+    retain_subset: str | None = field(
+        default=None, metadata={"help": "Config name of the retain data (e.g. retain90); default dataset: forget's."}
+    )
+    forget_split: str = field(default="train", metadata={"help": "Split holding the forget examples."})
+    retain_split: str | None = field(
+        default=None, metadata={"help": "Split holding the retain examples (default: same split name as forget)."}
+    )
+    calibration_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Never-trained examples of the same kind as the forget set (e.g. TOFU's holdout10 with "
+            "--calibration_subset): the stopping rule's calibrated target. Default: the forget data when "
+            "--calibration_subset is given."
+        },
+    )
+    calibration_subset: str | None = field(
+        default=None, metadata={"help": "Config name of the calibration data (e.g. TOFU's holdout10)."}
+    )
+    calibration_split: str | None = field(
+        default=None, metadata={"help": "Split holding the calibration examples (default: same as forget)."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub id, when it is not saved with the model."}
+    )
+    max_length: int | None = field(default=None, metadata={"help": "Reject examples longer than this many tokens."})
+    load_in_4bit: bool = field(
+        default=False, metadata={"help": "Load the base model in NF4 (bitsandbytes) for QLoRA; pair with LoRA."}
+    )
+    torch_dtype: str = field(
+        default="auto", metadata={"help": "dtype to load the model in (auto, float32, bfloat16)."}
+    )
+    evaluate: bool = field(default=True, metadata={"help": "Measure forget/retain metrics before and after."})
+    audit: bool = field(
+        default=False,
+        metadata={
+            "help": "After unlearning, run the robustness audit (NF4 reload, relearning attack, and with "
+            "--audit_holdout_data the membership attacks) and add it to the report, record and card."
+        },
+    )
+    audit_holdout_data: str | None = field(
+        default=None,
+        metadata={"help": "Audit: examples of the same kind never trained on (file or Hub id), for membership."},
+    )
+    audit_reference_model: str | None = field(
+        default=None,
+        metadata={"help": "Audit: a model trained without the forget set (PrivLeak, the relearning baseline)."},
+    )
+
+
+@dataclass
+class SequenceArguments(ModelArguments, QADataArguments, LoraArguments):
+    """Options of `hf-unlearn sequence` besides the `UnlearnConfig` fields. Without --model_name_or_path it runs on
+    the embedded benchmark's target model."""
+
+    requests: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Forget sets in the order the requests arrive, one file (JSON/JSONL/CSV/Parquet) or dataset each, "
+            "named by their file name. Default (embedded): one request per author of --split, the first "
+            "--num_requests authors."
+        },
+    )
+    calibration_data: str | None = field(
+        default=None,
+        metadata={"help": "Never-trained examples of the same kind (the calibrated stop). Default (embedded): yes."},
+    )
+    max_eval_examples: int = field(
+        default=100, metadata={"help": "Measure at most this many examples of each set after every request."}
+    )
+    split: str = field(default="forget10", metadata={"help": "Embedded: the split whose authors are the requests."})
+    num_requests: int = field(default=3, metadata={"help": "Embedded: how many of its authors, one request each."})
+    architecture: str = field(default="llama", metadata={"help": "Embedded: tiny target model (llama, qwen2, gpt2)."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Embedded: where the target model is cached."})
+
+
+@dataclass
+class CheckArguments(ModelArguments, QADataArguments, BenchmarkArguments):
+    """What the commands that check a saved model share: the model, and the user's own data or a benchmark."""
+
+    output_dir: str = field(default=".", metadata={"help": "Where the command's JSON (and Markdown) go."})
+
+
+@dataclass
+class ReferenceModelArguments:
+    """The models a check compares with."""
+
+    reference_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "A model trained without the forget set (folder or Hub id): PrivLeak, forget quality, the "
+            "Reference attack and the relearning baseline (embedded benchmark: its retain-only model)."
+        },
+    )
+    target_model: str | None = field(
+        default=None, metadata={"help": "The model before unlearning, for scale (embedded benchmark: its target)."}
+    )
+
+
+@dataclass
+class QuantCheckArguments(CheckArguments):
+    """Options of `hf-unlearn quant-check`."""
+
+    modes: list[str] = field(default_factory=lambda: ["nf4", "fp4", "int8"], metadata={"help": "Quantizations."})
+
+
+@dataclass
+class RelearnCheckArguments(CheckArguments, ReferenceModelArguments):
+    """Options of `hf-unlearn relearn-check`."""
+
+    relearn_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Text to relearn on (question/answer file); default: a part of the forget set (relearn_fraction), "
+            "the rest being measured."
+        },
+    )
+    steps: int = field(default=20, metadata={"help": "Fine-tuning steps of the attack."})
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate of the attack."})
+    relearn_fraction: float = field(default=0.5, metadata={"help": "Share of the forget set relearned on."})
+    batch_size: int = field(default=4, metadata={"help": "Examples per attack step."})
+    measure_every: int = field(default=5, metadata={"help": "Measure the rest of the forget set every N steps."})
+    seed: int = field(default=0, metadata={"help": "Seed of the split and the batch order."})
+
+
+@dataclass
+class AuditArguments(CheckArguments, ReferenceModelArguments):
+    """Options of `hf-unlearn audit`."""
+
+    holdout_data: str | None = field(
+        default=None,
+        metadata={"help": "Examples of the same kind never trained on, for the membership attacks (own data)."},
+    )
+    modes: list[str] = field(default_factory=lambda: ["nf4"], metadata={"help": "Quantizations to check."})
+    relearn_steps: int = field(default=20, metadata={"help": "Fine-tuning steps of the relearning attack."})
+    relearn_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the relearning attack."})
+
+
+@dataclass
+class EvalArguments(CheckArguments, ReferenceModelArguments):
+    """Options of `hf-unlearn eval`."""
+
+    holdout_data: str | None = field(
+        default=None,
+        metadata={
+            "help": "Examples of the same kind the model never trained on: the membership attack (and PrivLeak "
+            "with a reference) compares the forget set with them."
+        },
+    )
+    dataset_path: str | None = field(
+        default=None, metadata={"help": "A local copy of the benchmark's Hub repository, instead of the Hub id."}
+    )
+    reference_eval: str | None = field(
+        default=None,
+        metadata={
+            "help": "eval.json of the model trained without the forget set (retain-only / retrained), for forget "
+            "quality and PrivLeak. On the embedded benchmark it is learned automatically."
+        },
+    )
+    compare_with: list[str] = field(
+        default_factory=list, metadata={"help": "Other eval.json files to draw on the radar chart (NAME=PATH)."}
+    )
+    max_examples: int | None = field(default=None, metadata={"help": "Keep the first N examples of each set."})
+
+
+@dataclass
+class PushArguments(ModelArguments):
+    """Options of `hf-unlearn push`: --model_name_or_path is the output folder of an unlearning run (model or adapter
+    + README.md)."""
+
+    repo_id: str | None = field(
+        default=None, metadata={"help": "Hub repository to push to, e.g. you/model-unlearned."}
+    )
+    merge_adapter: bool = field(default=False, metadata={"help": "Merge a LoRA adapter into its base before pushing."})
+    private: bool | None = field(default=None, metadata={"help": "Create the repository as private."})

@@ -1,0 +1,64 @@
+"""The measurement a job takes of a model between or during runs (the method comparison after every epoch, sequential
+requests after every request): per question/answer set TOFU's ROUGE-L recall, probability and exact match
+(:func:`~hf_unlearn.evaluation.metrics.evaluate_qa`); on the forget set, when asked, the forget truth ratio and forget
+quality against a retain-only model (TOFU, Maini et al. 2024, §2.5) and the Min-K% membership AUC against never-seen
+examples of the same kind (MUSE's orientation: 0.5 = indistinguishable)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..data.prompts import prompt_and_completion
+from .membership import membership_auc, membership_scores
+from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, truth_ratios
+
+
+def qa_membership_auc(
+    model: Any,
+    tokenizer: Any,
+    members: Sequence[Mapping[str, Any]],
+    non_members: Sequence[Mapping[str, Any]],
+    prompt_template: str | None = None,
+    attack: str = "min_k",
+) -> float:
+    """AUC of ``attack`` telling ``members`` from ``non_members`` (question/answer records), each answer scored as the
+    continuation of its prompt in the format the model learned."""
+
+    def scores(records: Sequence[Mapping[str, Any]]) -> list[float]:
+        pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
+        texts = [completion for _, completion in pairs]
+        prompts = [prompt for prompt, _ in pairs]
+        return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,))[attack]
+
+    return membership_auc(scores(members), scores(non_members))
+
+
+def measure_qa_sets(
+    model: Any,
+    tokenizer: Any,
+    sets: Mapping[str, Any],
+    prompt_template: str | None = None,
+    forget_set: str | None = None,
+    retain_only_truth_ratios: Sequence[float] | None = None,
+    membership_holdout: Sequence[Mapping[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """``{set name: metrics}`` for every question/answer set in ``sets``. The set named ``forget_set`` also gets its
+    truth ratio (with ``retain_only_truth_ratios``, its forget quality too) when its records carry paraphrased and
+    perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records."""
+    measured = {
+        name: evaluate_qa(model, tokenizer, records, prompt_template=prompt_template) for name, records in sets.items()
+    }
+    if forget_set is None:
+        return measured
+    records = sets[forget_set]
+    columns = getattr(records, "column_names", None) or list(records[0])
+    forget = measured[forget_set]
+    if {"paraphrased_answer", "perturbed_answer"} <= set(columns):
+        ratios = truth_ratios(model, tokenizer, records, prompt_template=prompt_template)
+        forget["truth_ratio"] = forget_truth_ratio(ratios)
+        if retain_only_truth_ratios is not None:
+            forget["forget_quality"] = forget_quality(ratios, retain_only_truth_ratios)
+    if membership_holdout is not None:
+        forget["membership_auc"] = qa_membership_auc(model, tokenizer, records, membership_holdout, prompt_template)
+    return measured

@@ -1,0 +1,252 @@
+"""Membership-inference attacks and PrivLeak: can the forget set still be told apart from text the model never saw?
+
+Six attacks score each text; every score is oriented "higher = more like training data":
+
+* ``loss``: the mean token log-probability (Yeom et al. 2018; the LOSS attack);
+* ``zlib``: the summed log-probability divided by the text's zlib-compressed length in bytes (Carlini et al. 2021,
+  "Extracting Training Data from Large Language Models", §5.2), which discounts text that is merely repetitive;
+* ``min_k``: Min-K% Prob (Shi et al. 2024, arXiv 2310.16789, §3): the mean of the lowest ``int(k * n)`` token
+  log-probabilities (at least one), k = 0.4 as MUSE uses;
+* ``min_k_plus_plus``: Min-K%++ (Zhang et al. 2024, arXiv 2404.02936, §3): the same on log-probabilities
+  standardised by the mean and standard deviation of ``log p(z | prefix)`` under the model's own distribution;
+* ``reference``: the mean log-probability minus a reference model's on the same tokens (Carlini et al. 2021;
+  calibrates away how easy a text is for any model);
+* ``gradnorm``: minus the L2 norm of the gradient of the text's mean NLL with respect to the trainable parameters
+  (members sit where the loss is flat).
+
+AUC and PrivLeak follow MUSE exactly (Shi et al. 2024, arXiv 2407.06460, §3.1; swj0419/muse_bench): forget texts are
+labelled 0 and holdout texts 1, ``AUC = P(holdout score > forget score)`` (ties count one half), and
+``PrivLeak = (AUC - AUC_retrained) / AUC_retrained * 100``. Reading the sign: a model that still remembers the
+forget set scores it above the holdout texts, its AUC goes towards 0 and PrivLeak towards -100 (under-unlearning);
+a model retrained without the forget set has AUC near 0.5 and PrivLeak 0; an over-unlearned model, whose forget
+texts look *less* familiar than never-seen ones, has AUC above 0.5 and a positive PrivLeak.
+
+Scoring is batched (right padding) under ``torch.inference_mode``; GradNorm needs one backward per text.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from scipy.stats import mannwhitneyu
+
+from .metrics import batches, model_device, pad_token_id_of, progress_bar
+
+ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "reference", "gradnorm")
+#: What one forward gives; ``reference`` also needs a reference model, ``gradnorm`` a backward per text.
+FORWARD_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus")
+
+
+def min_k_count(n: int, k: float) -> int:
+    """MUSE's number of lowest tokens, ``int(k * n)``, and at least one (short answers would otherwise score none)."""
+    return max(1, int(k * n))
+
+
+def min_k_percent(token_log_probs: torch.Tensor, k: float = 0.4) -> float:
+    """Min-K% Prob (Shi et al. 2024, §3): the mean of the lowest :func:`min_k_count` token log-probabilities of a
+    sequence; higher means "more likely seen in training"."""
+    if not 0 < k <= 1:
+        raise ValueError(f"k must be in (0, 1], got {k}.")
+    if token_log_probs.numel() == 0:
+        return float("nan")
+    count = min_k_count(token_log_probs.numel(), k)
+    return torch.topk(token_log_probs.double(), count, largest=False).values.mean().item()
+
+
+def min_k_plus_plus(
+    token_log_probs: torch.Tensor, mean_log_probs: torch.Tensor, std_log_probs: torch.Tensor, k: float = 0.4
+) -> float:
+    """Min-K%++ (Zhang et al. 2024, §3): each token's log-probability standardised by the mean and standard
+    deviation of ``log p(z | prefix)`` over the vocabulary under the model's own distribution, then Min-K%."""
+    standardised = (token_log_probs.double() - mean_log_probs.double()) / std_log_probs.double().clamp(min=1e-12)
+    return min_k_percent(standardised, k)
+
+
+def zlib_score(token_log_probs: torch.Tensor, text: str) -> float:
+    """The zlib attack (Carlini et al. 2021, §5.2): summed log-probability over the zlib-compressed length in bytes."""
+    return token_log_probs.double().sum().item() / len(zlib.compress(text.encode("utf-8")))
+
+
+def token_statistics(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    batch_size: int = 8,
+    max_length: int = 2048,
+    show_progress: bool = False,
+    prompts: Sequence[str] | None = None,
+) -> list[dict[str, torch.Tensor]]:
+    """For each text, per token after the first: ``log_prob`` = log p(x_t | x_<t), and the mean and standard
+    deviation of log p(z | x_<t) over z ~ p(. | x_<t) (what Min-K%++ standardises with).
+
+    Texts are tokenized with the tokenizer's special tokens (BOS where it adds one) and cut to ``max_length``. With
+    ``prompts``, each text is the continuation of its prompt: the prompt is encoded first (special tokens
+    included), the text after it without special tokens, and only the text's tokens are returned (what a model
+    trained with the prompt masked actually learned, e.g. the answer of a QA pair).
+    """
+    pad_id = pad_token_id_of(tokenizer)
+    device = model_device(model)
+    encoded, starts = _encode(tokenizer, texts, max_length, prompts)
+    results: list[dict[str, torch.Tensor]] = []
+    was_training = model.training
+    model.eval()
+    try:
+        total = math.ceil(len(encoded) / batch_size)
+        index = 0
+        with torch.inference_mode():
+            for batch in progress_bar(batches(encoded, batch_size), total, "Scoring texts", show_progress):
+                length = max(len(ids) for ids in batch)
+                input_ids = torch.tensor([ids + [pad_id] * (length - len(ids)) for ids in batch], device=device)
+                mask = torch.tensor([[1] * len(ids) + [0] * (length - len(ids)) for ids in batch], device=device)
+                logits = model(input_ids=input_ids, attention_mask=mask).logits[:, :-1].float()
+                log_probs = torch.log_softmax(logits, dim=-1)
+                targets = input_ids[:, 1:]
+                chosen = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+                probs = log_probs.exp()
+                mean = (probs * log_probs).sum(-1)
+                variance = (probs * log_probs.square()).sum(-1) - mean.square()
+                std = variance.clamp(min=0).sqrt()
+                for row, ids in enumerate(batch):
+                    # Position t - 1 predicts token t; the first scored token is the first after the prompt.
+                    first, n = starts[index] - 1, len(ids) - 1
+                    results.append(
+                        {
+                            "log_prob": chosen[row, first:n].cpu(),
+                            "mean": mean[row, first:n].cpu(),
+                            "std": std[row, first:n].cpu(),
+                        }
+                    )
+                    index += 1
+    finally:
+        model.train(was_training)
+    return results
+
+
+def _encode(tokenizer: Any, texts: Sequence[str], max_length: int, prompts: Sequence[str] | None):
+    """Token ids of each text (after its prompt, when given) and where its scored tokens start."""
+    if prompts is not None:
+        if len(prompts) != len(texts):
+            raise ValueError(f"Got {len(prompts)} prompts for {len(texts)} texts.")
+        heads = [list(tokenizer(prompt)["input_ids"]) for prompt in prompts]
+        tails = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
+        return [(head + tail)[:max_length] for head, tail in zip(heads, tails, strict=True)], [len(h) for h in heads]
+    encoded = [list(tokenizer(text)["input_ids"])[:max_length] for text in texts]
+    return encoded, [1] * len(encoded)
+
+
+def gradient_norms(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    max_length: int = 2048,
+    prompts: Sequence[str] | None = None,
+    show_progress: bool = False,
+) -> list[float]:
+    """Per text, the L2 norm over all floating-point parameters (frozen ones included: a merged or frozen model is
+    still attacked on its weights) of the gradient of its mean token NLL (the scored tokens only, as
+    :func:`token_statistics` selects them). Gradients, ``requires_grad`` flags and training mode are restored."""
+    encoded, starts = _encode(tokenizer, texts, max_length, prompts)
+    device = model_device(model)
+    parameters = [p for p in model.parameters() if p.is_floating_point()]
+    if not parameters:
+        raise ValueError("The GradNorm attack needs floating-point parameters; the model has none.")
+    saved = [p.grad for p in parameters]
+    flags = [p.requires_grad for p in parameters]
+    for p in parameters:
+        p.requires_grad_(True)
+    was_training = model.training
+    model.eval()
+    norms = []
+    try:
+        for ids, start in progress_bar(zip(encoded, starts, strict=True), len(encoded), "GradNorm", show_progress):
+            input_ids = torch.tensor([ids], device=device)
+            labels = input_ids.clone()
+            labels[:, :start] = -100
+            for p in parameters:
+                p.grad = None
+            loss = model(input_ids=input_ids, labels=labels).loss
+            grads = torch.autograd.grad(loss, parameters, allow_unused=True)
+            norms.append(math.sqrt(sum(float(g.double().square().sum()) for g in grads if g is not None)))
+    finally:
+        for p, grad, flag in zip(parameters, saved, flags, strict=True):
+            p.grad = grad
+            p.requires_grad_(flag)
+        model.train(was_training)
+    return norms
+
+
+def membership_scores(
+    model: Any,
+    tokenizer: Any,
+    texts: Sequence[str],
+    k: float = 0.4,
+    batch_size: int = 8,
+    max_length: int = 2048,
+    prompts: Sequence[str] | None = None,
+    attacks: Sequence[str] = FORWARD_ATTACKS,
+    reference_model: Any = None,
+) -> dict[str, list[float]]:
+    """Each attack's score of every text (higher = more member-like; see the module docstring); with ``prompts``,
+    of the text's tokens as a continuation of its prompt (see :func:`token_statistics`). ``reference`` needs
+    ``reference_model`` (same tokenizer)."""
+    unknown = [a for a in attacks if a not in ATTACKS]
+    if unknown:
+        raise ValueError(f"Unknown membership attack(s) {unknown}; choose from {', '.join(ATTACKS)}.")
+    if "reference" in attacks and reference_model is None:
+        raise ValueError("The 'reference' attack compares with a reference model: pass reference_model.")
+    statistics = token_statistics(model, tokenizer, texts, batch_size, max_length, prompts=prompts)
+    scores: dict[str, list[float]] = {}
+    if "loss" in attacks:
+        scores["loss"] = [s["log_prob"].double().mean().item() for s in statistics]
+    if "zlib" in attacks:
+        scores["zlib"] = [zlib_score(s["log_prob"], text) for s, text in zip(statistics, texts, strict=True)]
+    if "min_k" in attacks:
+        scores["min_k"] = [min_k_percent(s["log_prob"], k) for s in statistics]
+    if "min_k_plus_plus" in attacks:
+        scores["min_k_plus_plus"] = [min_k_plus_plus(s["log_prob"], s["mean"], s["std"], k) for s in statistics]
+    if "reference" in attacks:
+        reference = token_statistics(reference_model, tokenizer, texts, batch_size, max_length, prompts=prompts)
+        scores["reference"] = [
+            s["log_prob"].double().mean().item() - r["log_prob"].double().mean().item()
+            for s, r in zip(statistics, reference, strict=True)
+        ]
+    if "gradnorm" in attacks:
+        scores["gradnorm"] = [-norm for norm in gradient_norms(model, tokenizer, texts, max_length, prompts)]
+    return scores
+
+
+def membership_auc(forget_scores: Sequence[float], holdout_scores: Sequence[float]) -> float:
+    """MUSE's AUC: forget texts labelled 0, holdout texts 1, so ``P(holdout score > forget score) + 1/2 P(tie)`` (the
+    Mann-Whitney U statistic over ``n_forget * n_holdout``). Near 0: the forget set is still recognised; 0.5: no
+    better than chance."""
+    if not forget_scores or not holdout_scores:
+        raise ValueError("membership_auc needs at least one forget score and one holdout score.")
+    statistic = mannwhitneyu(list(holdout_scores), list(forget_scores), alternative="two-sided").statistic
+    return float(statistic) / (len(forget_scores) * len(holdout_scores))
+
+
+def privleak(auc_unlearned: float, auc_retrained: float) -> float:
+    """MUSE's PrivLeak (§3.1), in percent: ``(AUC - AUC_retrained) / AUC_retrained * 100``, AUC oriented as in
+    :func:`membership_auc`. Strongly negative: the forget set is still recognisable (under-unlearning); positive:
+    it looks less familiar than never-seen text (over-unlearning); about 0 is what retraining gives."""
+    if auc_retrained == 0:
+        return float("nan")  # the retrained model separates the sets perfectly: no scale to compare against
+    return (auc_unlearned - auc_retrained) / auc_retrained * 100
+
+
+__all__ = [
+    "ATTACKS",
+    "FORWARD_ATTACKS",
+    "gradient_norms",
+    "membership_auc",
+    "membership_scores",
+    "min_k_percent",
+    "min_k_plus_plus",
+    "privleak",
+    "token_statistics",
+    "zlib_score",
+]

@@ -1,0 +1,530 @@
+"""Question/answer metrics of TOFU (Maini et al., 2024, "TOFU: A Task of Fictitious Unlearning for LLMs"), batched.
+
+* ROUGE-L recall of the greedy answer against the reference answer (TOFU's "ROUGE"),
+* the answer probability ``P(a | q) ** (1 / |a|)``, i.e. ``exp(-mean token NLL)`` of the reference answer given
+  the question (TOFU's "Prob" on the forget and retain sets),
+* exact match of the greedy answer (after whitespace, case and trailing-punctuation normalisation),
+* truth ratios and their aggregates, forget quality (two-sample KS test against a retain-only model's truth
+  ratios), model utility (harmonic mean), and :func:`evaluate_unlearning`, which puts them together with MASC's
+  exact-reproduction bound (Proposition 1, arXiv 2606.02920). Everything here measures a model on records; the
+  benchmark suites that load TOFU, MUSE or the embedded data live in :mod:`hf_unlearn.evaluation`.
+
+Prompts and answers are tokenized by :mod:`hf_unlearn.data` exactly as for learning and unlearning, so a metric
+scores the very tokens the model was trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from scipy.stats import hmean, ks_2samp
+
+from ..data.examples import IGNORE_INDEX, tokenize_prompt, tokenize_qa
+from ..data.pairing import pad_examples
+from ..objectives.margin import (
+    exact_reproduction_bound,
+    measure_violations,
+    threshold_from_probability,
+    token_log_probs,
+)
+
+__all__ = [
+    "answer_log_probs",
+    "answer_probability",
+    "default_max_new_tokens",
+    "evaluate_qa",
+    "evaluate_unlearning",
+    "exact_match",
+    "forget_quality",
+    "generate_answers",
+    "generate_continuations",
+    "model_utility",
+    "normalized_probabilities",
+    "reproduction_bound",
+    "rouge_l_f1",
+    "rouge_l_recall",
+]
+
+
+def batches(items: Sequence[Any], batch_size: int) -> Iterable[Sequence[Any]]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    for start in range(0, len(items), batch_size):
+        yield items[start : start + batch_size]
+
+
+def by_length(items: Sequence[Any], length: Any = len) -> tuple[list[Any], list[int]]:
+    """``items`` sorted by length (so a batch pads little) and the permutation that sorted them; results computed
+    in sorted order go back with :func:`restore_order`."""
+    order = sorted(range(len(items)), key=lambda i: length(items[i]))
+    return [items[i] for i in order], order
+
+
+def restore_order(results: Sequence[Any], order: Sequence[int]) -> list[Any]:
+    restored: list[Any] = [None] * len(order)
+    for position, index in enumerate(order):
+        restored[index] = results[position]
+    return restored
+
+
+def progress_bar(iterable: Iterable[Any], total: int, desc: str, show: bool) -> Iterable[Any]:
+    if not show:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc=desc)
+
+
+def pad_token_id_of(tokenizer: Any) -> int:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("The tokenizer has neither a pad token nor an EOS token; set tokenizer.pad_token first.")
+    return pad
+
+
+def model_device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def generate_answers(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    max_new_tokens: int = 32,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> list[str]:
+    """Greedy answers to ``questions``, generated in left-padded batches.
+
+    The prompt is :func:`hf_unlearn.data.tokenize_prompt` (the same prompt as in learning). Generation stops at
+    EOS; only the new tokens are decoded, without special tokens, and stripped. The model is put in eval mode
+    for the call and its training mode restored afterwards.
+    """
+    prompts = [tokenize_prompt(tokenizer, q, prompt_template) for q in questions]
+    return generate_continuations(model, tokenizer, prompts, max_new_tokens, batch_size, show_progress)
+
+
+def generate_continuations(
+    model: Any,
+    tokenizer: Any,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int = 32,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    desc: str = "Generating answers",
+) -> list[str]:
+    """Greedy continuations of already tokenized prompts, in left-padded batches under ``inference_mode``.
+
+    Generation stops at EOS; the new tokens are decoded without special tokens and stripped.
+    """
+    from transformers import GenerationConfig
+
+    pad_id = pad_token_id_of(tokenizer)
+    eos_id = tokenizer.eos_token_id
+    generation_config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=tokenizer.bos_token_id,
+        # Explicitly: a model saved by a trainer that turned the cache off (TRL does) would otherwise decode
+        # without a KV cache, recomputing the whole prefix at every new token.
+        use_cache=True,
+    )
+    device = model_device(model)
+    was_training = model.training
+    answers: list[str] = []
+    prompt_ids, order = by_length(prompt_ids)
+    model.eval()
+    try:
+        total = math.ceil(len(prompt_ids) / batch_size)
+        with torch.inference_mode():
+            for batch in progress_bar(batches(prompt_ids, batch_size), total, desc, show_progress):
+                padded = left_pad(batch, pad_id)
+                input_ids = padded["input_ids"].to(device)
+                attention_mask = padded["attention_mask"].to(device)
+                output = model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
+                )
+                for row in output[:, input_ids.shape[1] :].tolist():
+                    if eos_id is not None and eos_id in row:
+                        row = row[: row.index(eos_id)]
+                    answers.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+    finally:
+        model.train(was_training)
+    return restore_order(answers, order)
+
+
+def left_pad(batch: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    length = max(len(ids) for ids in batch)
+    input_ids = [[pad_id] * (length - len(ids)) + list(ids) for ids in batch]
+    attention_mask = [[0] * (length - len(ids)) + [1] * len(ids) for ids in batch]
+    return {"input_ids": torch.tensor(input_ids), "attention_mask": torch.tensor(attention_mask)}
+
+
+def answer_log_probs(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> list[tuple[float, int]]:
+    """Per example ``(sum of the answer tokens' log-probabilities, number of answer tokens)``, teacher-forced.
+
+    Examples are :func:`hf_unlearn.data.tokenize_qa` (answer tokens are those whose label is not ``-100``, EOS
+    included), right-padded with :func:`hf_unlearn.data.pad_examples`; the token at position ``t + 1`` is scored
+    by the logits at ``t``, as in a causal LM loss.
+    """
+    if len(questions) != len(answers):
+        raise ValueError(f"Got {len(questions)} questions but {len(answers)} answers.")
+    pad_id = pad_token_id_of(tokenizer)
+    device = model_device(model)
+    examples, order = by_length(
+        [
+            tokenize_qa(tokenizer, q, a, prompt_template=prompt_template)
+            for q, a in zip(questions, answers, strict=True)
+        ],
+        lambda example: len(example["input_ids"]),
+    )
+    results: list[tuple[float, int]] = []
+    keep_supported = _accepts_logits_to_keep(model)
+    was_training = model.training
+    model.eval()
+    try:
+        total = math.ceil(len(examples) / batch_size)
+        with torch.inference_mode():
+            for batch in progress_bar(batches(examples, batch_size), total, "Scoring answers", show_progress):
+                padded = {k: v.to(device) for k, v in pad_examples(batch, pad_id).items()}
+                labels = padded["labels"]
+                extra = {}
+                if keep_supported:
+                    # The LM head only where an answer token is predicted: from the earliest answer start on.
+                    first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
+                    labels = labels[:, max(first, 0) :]
+                    extra["logits_to_keep"] = labels.shape[1]
+                logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
+                log_probs, mask = token_log_probs(logits, labels)
+                sums = log_probs.sum(dim=-1)
+                counts = mask.sum(dim=-1)
+                results.extend(zip(sums.tolist(), counts.tolist(), strict=True))
+    finally:
+        model.train(was_training)
+    return restore_order(results, order)
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def answer_probability(
+    model: Any,
+    tokenizer: Any,
+    questions: Sequence[str],
+    answers: Sequence[str],
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> list[float]:
+    """Per example ``exp(-mean token NLL)`` of the answer, i.e. ``P(a | q) ** (1 / |a|)`` (TOFU's "Prob")."""
+    return [
+        math.exp(total / count) if count else float("nan")
+        for total, count in answer_log_probs(
+            model, tokenizer, questions, answers, batch_size, show_progress, prompt_template
+        )
+    ]
+
+
+_ROUGE_SCORER: Any = None
+
+
+def _rouge_l(predictions: Sequence[str], references: Sequence[str], measure: str) -> list[float]:
+    global _ROUGE_SCORER
+    if len(predictions) != len(references):
+        raise ValueError(f"Got {len(predictions)} predictions but {len(references)} references.")
+    if _ROUGE_SCORER is None:
+        from rouge_score import rouge_scorer
+
+        _ROUGE_SCORER = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    return [
+        getattr(_ROUGE_SCORER.score(ref, pred)["rougeL"], measure)
+        for pred, ref in zip(predictions, references, strict=True)
+    ]
+
+
+def rouge_l_recall(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L recall of each prediction against its reference (TOFU's "ROUGE"), with Porter stemming."""
+    return _rouge_l(predictions, references, "recall")
+
+
+def rouge_l_f1(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """ROUGE-L F1 of each prediction against its reference (MUSE's VerbMem and KnowMem), with Porter stemming."""
+    return _rouge_l(predictions, references, "fmeasure")
+
+
+_TRAILING_PUNCTUATION = string.punctuation
+
+
+def _normalize(text: str) -> str:
+    return " ".join(text.split()).lower().rstrip(_TRAILING_PUNCTUATION).rstrip()
+
+
+def exact_match(predictions: Sequence[str], references: Sequence[str]) -> list[float]:
+    """1.0 where prediction and reference are equal after collapsing whitespace, lower-casing and stripping
+    trailing punctuation, else 0.0."""
+    if len(predictions) != len(references):
+        raise ValueError(f"Got {len(predictions)} predictions but {len(references)} references.")
+    return [float(_normalize(p) == _normalize(r)) for p, r in zip(predictions, references, strict=True)]
+
+
+def default_max_new_tokens(
+    tokenizer: Any, answers: Iterable[str], margin: int = 4, prompt_template: str | None = None
+) -> int:
+    """Tokens enough to generate the longest answer (EOS included) plus ``margin``."""
+    longest = max(
+        (
+            sum(
+                label != IGNORE_INDEX
+                for label in tokenize_qa(tokenizer, "", a, prompt_template=prompt_template)["labels"]
+            )
+            for a in answers
+        ),
+        default=0,
+    )
+    return longest + margin
+
+
+def qa_records(dataset_or_records: Any) -> list[Mapping[str, Any]]:
+    if hasattr(dataset_or_records, "column_names"):  # a datasets.Dataset
+        columns = dataset_or_records.column_names
+        if "question" not in columns or "answer" not in columns:
+            return []
+        return list(dataset_or_records.select_columns(["question", "answer"]))
+    return [r for r in dataset_or_records if r.get("question") is not None and r.get("answer") is not None]
+
+
+def evaluate_qa(
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    max_new_tokens: int | None = None,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> dict[str, float]:
+    """Mean ROUGE-L recall, answer probability and exact match over the records with ``question`` and ``answer``.
+
+    ``dataset_or_records`` is a :class:`datasets.Dataset` or a sequence of mappings. ``max_new_tokens`` defaults
+    to the longest tokenized answer plus a few tokens. Returns ``{"rouge_l_recall", "probability",
+    "exact_match", "num_examples"}`` (the means are NaN when there is no example).
+    """
+    records = qa_records(dataset_or_records)
+    questions = [str(r["question"]) for r in records]
+    answers = [str(r["answer"]) for r in records]
+    if not records:
+        nan = float("nan")
+        return {"rouge_l_recall": nan, "probability": nan, "exact_match": nan, "num_examples": 0}
+    if max_new_tokens is None:
+        max_new_tokens = default_max_new_tokens(tokenizer, answers, prompt_template=prompt_template)
+    predictions = generate_answers(
+        model, tokenizer, questions, max_new_tokens, batch_size, show_progress, prompt_template
+    )
+    probabilities = answer_probability(
+        model, tokenizer, questions, answers, batch_size, show_progress, prompt_template
+    )
+
+    def mean(values: Sequence[float]) -> float:
+        return sum(values) / len(values)
+
+    return {
+        "rouge_l_recall": mean(rouge_l_recall(predictions, answers)),
+        "probability": mean(probabilities),
+        "exact_match": mean(exact_match(predictions, answers)),
+        "num_examples": len(records),
+    }
+
+
+def _alternative_scores(
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    base_key: str,
+    batch_size: int,
+    show_progress: bool,
+    prompt_template: str | None = None,
+) -> list[tuple[float, list[float]]]:
+    """Per record with ``base_key`` and ``perturbed_answer``: the mean token log-probability of the base answer
+    and of each perturbed answer, all scored in one batched pass."""
+    if hasattr(dataset_or_records, "column_names") and not {base_key, "perturbed_answer"} <= set(
+        dataset_or_records.column_names
+    ):
+        return []
+    records = [r for r in dataset_or_records if r.get(base_key) and r.get("perturbed_answer")]
+    questions, answers = [], []
+    for record in records:
+        for answer in [record[base_key], *record["perturbed_answer"]]:
+            questions.append(str(record["question"]))
+            answers.append(str(answer))
+    scored = iter(answer_log_probs(model, tokenizer, questions, answers, batch_size, show_progress, prompt_template))
+    result = []
+    for record in records:
+        base_total, base_count = next(scored)
+        perturbed = [total / max(count, 1) for total, count in (next(scored) for _ in record["perturbed_answer"])]
+        result.append((base_total / max(base_count, 1), perturbed))
+    return result
+
+
+def truth_ratios(
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> list[float]:
+    """Per question TOFU truth ratio ``P~(perturbed) / P~(paraphrased)`` (Maini et al. 2024, §2.5).
+
+    ``P~(a) = exp(-mean token NLL of a)``; the perturbed answers are averaged in log space. Records need
+    ``question``, ``paraphrased_answer`` and ``perturbed_answer`` (a list of strings); others are skipped.
+    """
+    scores = _alternative_scores(
+        model, tokenizer, dataset_or_records, "paraphrased_answer", batch_size, show_progress, prompt_template
+    )
+    return [math.exp(sum(perturbed) / len(perturbed) - base) for base, perturbed in scores]
+
+
+def normalized_probabilities(
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> list[float]:
+    """Per question ``P~(answer) / (P~(answer) + sum P~(perturbed))``: TOFU's "Prob" on the real-authors and
+    world-facts sets (Maini et al. 2024, §2.5), where the perturbed answers act as wrong options."""
+    scores = _alternative_scores(
+        model, tokenizer, dataset_or_records, "answer", batch_size, show_progress, prompt_template
+    )
+    return [1.0 / (1.0 + sum(math.exp(p - base) for p in perturbed)) for base, perturbed in scores]
+
+
+def forget_truth_ratio(ratios: Sequence[float]) -> float:
+    """TOFU's forget-set aggregation ``mean(min(TR, 1/TR))``: 1 when paraphrase and perturbations look alike."""
+    return sum(min(r, 1.0 / r) for r in ratios) / len(ratios) if ratios else float("nan")
+
+
+def retain_truth_ratio(ratios: Sequence[float]) -> float:
+    """TOFU's retain-set aggregation ``mean(max(0, 1 - TR))``: high when the true paraphrase is preferred."""
+    return sum(max(0.0, 1.0 - r) for r in ratios) / len(ratios) if ratios else float("nan")
+
+
+def forget_quality(truth_ratios_evaluated: Sequence[float], truth_ratios_retain_only: Sequence[float]) -> float:
+    """p-value of the two-sample KS test between forget-set truth ratios (TOFU §2.5): high = indistinguishable
+    from a model that never saw the forget set."""
+    return float(ks_2samp(list(truth_ratios_evaluated), list(truth_ratios_retain_only)).pvalue)
+
+
+def model_utility(values: Sequence[float]) -> float:
+    """Harmonic mean (TOFU §2.5); 0 as soon as one value is 0, as a harmonic mean should be."""
+    values = [float(v) for v in values]
+    if not values:
+        return float("nan")
+    if min(values) <= 0:
+        return 0.0
+    return float(hmean(values))
+
+
+def reproduction_bound(
+    model: Any,
+    tokenizer: Any,
+    records: Any,
+    k: int = 10,
+    rho: float = 0.5,
+    batch_size: int = 32,
+    prompt_template: str | None = None,
+) -> dict[str, float]:
+    """MASC Proposition 1 at beta = 1 on ``records``: mean and max of ``rho^((1 - v_i) L_i)``, and the violation
+    rate, with self-competitors (k) and threshold tau = log(rho / (1 - rho))."""
+    examples = [
+        tokenize_qa(tokenizer, r["question"], r["answer"], prompt_template=prompt_template)
+        for r in qa_records(records)
+    ]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    measured = measure_violations(model, examples, pad_id, k, threshold_from_probability(rho), batch_size=batch_size)
+    bounds = exact_reproduction_bound(measured["fractions"], measured["lengths"], rho)
+    return {
+        "mean": bounds.mean().item(),
+        "max": bounds.max().item(),
+        "violation_rate": measured["fractions"].mean().item(),
+    }
+
+
+def evaluate_unlearning(
+    model: Any,
+    tokenizer: Any,
+    forget: Any,
+    retain: Any | None = None,
+    retain_only_truth_ratios: Sequence[float] | None = None,
+    extra_retain_sets: dict[str, Any] | None = None,
+    k: int = 10,
+    rho: float = 0.5,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
+    are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1).
+
+    ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
+    ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
+    (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
+    ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.prompts`).
+    """
+    shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
+    result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, **shared)}
+    forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
+    result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
+    result["forget_truth_ratios"] = forget_ratios
+    utility_values: list[float] = []
+    for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
+        if records is None:
+            continue
+        metrics = evaluate_qa(model, tokenizer, records, **shared)
+        if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
+            options = normalized_probabilities(model, tokenizer, records, **shared)
+            if options:
+                metrics["answer_probability"] = metrics["probability"]
+                metrics["probability"] = sum(options) / len(options)
+        ratios = truth_ratios(model, tokenizer, records, **shared)
+        metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else None
+        result[name] = metrics
+        utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
+        if ratios:
+            utility_values.append(metrics["truth_ratio"])
+    result["model_utility"] = model_utility(utility_values) if utility_values else None
+    result["forget_quality"] = (
+        forget_quality(forget_ratios, retain_only_truth_ratios)
+        if retain_only_truth_ratios is not None and forget_ratios
+        else None
+    )
+    bound = reproduction_bound(
+        model, tokenizer, forget, k=k, rho=rho, batch_size=batch_size, prompt_template=prompt_template
+    )
+    result["exact_reproduction_bound"] = bound["mean"]
+    result["exact_reproduction_bound_max"] = bound["max"]
+    return result

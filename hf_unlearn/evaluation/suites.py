@@ -1,0 +1,265 @@
+"""Benchmark suites: everything ``hf-unlearn eval`` reports for one model on TOFU, MUSE or the embedded benchmark.
+
+TOFU's metrics (Maini et al., arXiv 2401.06121, §2.5) come from :func:`hf_unlearn.metrics.evaluate_unlearning`,
+MUSE's (Shi et al., arXiv 2407.06460, §3.1) from :mod:`hf_unlearn.muse`. Forget quality and PrivLeak compare with
+a model trained without the forget set: pass it in (``reference_model``) or pass its evaluation (``reference``);
+this module never trains one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from datasets import Dataset
+
+from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
+from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
+from .metrics import evaluate_unlearning, qa_records
+
+
+def evaluate_muse(
+    model: Any,
+    tokenizer: Any,
+    sets: Mapping[str, Any],
+    retrained_auc: Mapping[str, float] | None = None,
+    k: float = 0.4,
+    verbmem_tokens: int = 128,
+    knowmem_tokens: int = 32,
+    batch_size: int = 8,
+    generation_batch_size: int = 32,
+    max_length: int = 2048,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+    attacks: Sequence[str] | None = None,
+    attack_reference_model: Any = None,
+) -> dict[str, Any]:
+    """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC, with PrivLeak against
+    ``retrained_auc`` (the same AUCs measured on a model retrained without the forget set), on whichever of
+    :func:`hf_unlearn.loaders.muse_evaluation_sets`'s sets ``sets`` has. ``batch_size`` is for scoring whole
+    texts (up to ``max_length`` tokens), ``generation_batch_size`` for KnowMem's short answers. ``attacks``: the
+    membership attacks (default every one of :data:`hf_unlearn.membership.ATTACKS` that can run: ``reference`` only
+    with ``attack_reference_model``); AUC and PrivLeak in MUSE's orientation (:mod:`hf_unlearn.membership`)."""
+    from .membership import ATTACKS, membership_auc, membership_scores, privleak
+    from .muse import knowmem, verbmem
+
+    result: dict[str, Any] = {}
+    if sets.get("verbmem") is not None:
+        data = sets["verbmem"]
+        result["verbmem_forget"] = verbmem(
+            model, tokenizer, data["prompt"], data["continuation"], verbmem_tokens, batch_size, show_progress
+        )
+    for side in ("forget", "retain"):
+        data = sets.get(f"knowmem_{side}")
+        if data is not None:
+            icl = sets.get(f"knowmem_{side}_icl")
+            result[f"knowmem_{side}"] = knowmem(
+                model,
+                tokenizer,
+                data["question"],
+                data["answer"],
+                knowmem_tokens,
+                generation_batch_size,
+                icl_examples=list(icl) if icl is not None else None,
+                show_progress=show_progress,
+                prompt_template=prompt_template,
+            )
+    if sets.get("privleak_forget") is not None and sets.get("privleak_holdout") is not None:
+        if attacks is None:
+            attacks = [a for a in ATTACKS if a != "reference" or attack_reference_model is not None]
+        members, others = (
+            membership_scores(
+                model,
+                tokenizer,
+                sets[name]["text"],
+                k,
+                batch_size,
+                max_length,
+                # Prompted texts (the embedded QA): only the trained part, the answer, is scored.
+                prompts=sets[name]["prompt"] if "prompt" in sets[name].column_names else None,
+                attacks=attacks,
+                reference_model=attack_reference_model,
+            )
+            for name in ("privleak_forget", "privleak_holdout")
+        )
+        result["auc"] = {attack: membership_auc(members[attack], others[attack]) for attack in members}
+        result["privleak"] = (
+            {
+                attack: privleak(auc, retrained_auc[attack]) if attack in retrained_auc else None
+                for attack, auc in result["auc"].items()
+            }
+            if retrained_auc
+            else None
+        )
+    return result
+
+
+def qa_evaluation_sets(
+    tokenizer: Any,
+    forget: Any,
+    retain: Any | None = None,
+    holdout: Any | None = None,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """A user's own question/answer data seen as TOFU and MUSE see a benchmark: QA metrics on ``forget`` and
+    ``retain`` (truth ratios where the records carry ``paraphrased_answer``/``perturbed_answer``) and, with
+    ``holdout`` (examples of the same kind the model never trained on), the membership attack on the answers given
+    their questions, in ``prompt_template``'s format. Every set needs ``question`` and ``answer`` columns."""
+    sets: dict[str, Any] = {"forget": forget}
+    if retain is not None:
+        sets["retain"] = retain
+    if holdout is not None:
+        for name, data in (("privleak_forget", forget), ("privleak_holdout", holdout)):
+            pairs = [
+                prompt_and_completion(tokenizer, str(r["question"]), str(r["answer"]), prompt_template)
+                for r in qa_records(data)
+            ]
+            sets[name] = Dataset.from_dict({"prompt": [p for p, _ in pairs], "text": [c for _, c in pairs]})
+    return sets
+
+
+def evaluate_benchmark(
+    model: Any,
+    tokenizer: Any,
+    benchmark: str = "embedded",
+    split: str = "forget10",
+    path: str | None = None,
+    reference: Mapping[str, Any] | None = None,
+    max_examples: int | None = None,
+    show_progress: bool = False,
+    reference_model: tuple[Any, Any] | None = None,
+    sets: Mapping[str, Any] | None = None,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """Everything ``hf-unlearn eval`` reports for one model on one benchmark, or on the user's own ``sets``.
+
+    ``embedded`` and ``tofu`` get TOFU's metrics (:func:`~hf_unlearn.metrics.evaluate_unlearning`), ``embedded``,
+    ``muse_news`` and ``muse_books`` MUSE's (:func:`evaluate_muse`, under ``"muse"``). ``sets`` (e.g. from
+    :func:`qa_evaluation_sets`) replaces the benchmark's: then ``benchmark`` is only the label written in the
+    result. The model trained without the forget set gives forget quality (its ``forget_truth_ratios``) and
+    PrivLeak (its ``muse.auc``): pass its evaluation as ``reference``, or the model itself as
+    ``reference_model=(model, tokenizer)`` and it is evaluated here first (its result is returned under
+    ``"reference"``). Without either, those two are ``None``. ``path`` replaces the Hub id (a local copy of the
+    dataset repository). ``max_examples`` keeps the first N of every set. ``prompt_template``: the format the
+    model learned its facts in (:mod:`hf_unlearn.prompts`).
+    """
+    if sets is None and benchmark not in BENCHMARKS:
+        raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")
+    if reference is not None and reference_model is not None:
+        raise ValueError("Pass reference (an evaluation) or reference_model (a model to evaluate), not both.")
+    if sets is None:
+        sets = benchmark_sets(benchmark, split, path)
+    if max_examples is not None:
+        sets = {name: data.select(range(min(max_examples, len(data)))) for name, data in sets.items()}
+    result: dict[str, Any] = {"benchmark": benchmark, "split": split}
+    # The Reference attack calibrates with the model trained without the forget set, when there is one.
+    attack_reference = reference_model[0] if reference_model is not None else None
+    if reference_model is not None:
+        reference = _evaluate_sets(*reference_model, sets, None, show_progress, prompt_template, attack_reference)
+        result["reference"] = {k: v for k, v in reference.items() if k in ("forget_truth_ratios", "muse")}
+    result.update(_evaluate_sets(model, tokenizer, sets, reference, show_progress, prompt_template, attack_reference))
+    return result
+
+
+def _evaluate_sets(
+    model: Any,
+    tokenizer: Any,
+    sets: Mapping[str, Any],
+    reference: Mapping[str, Any] | None,
+    show_progress: bool,
+    prompt_template: str | None = None,
+    attack_reference_model: Any = None,
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if "forget" in sets:
+        extra = {name: sets[name] for name in ("real_authors", "world_facts") if name in sets}
+        result.update(
+            evaluate_unlearning(
+                model,
+                tokenizer,
+                sets["forget"],
+                sets.get("retain"),
+                retain_only_truth_ratios=(reference or {}).get("forget_truth_ratios"),
+                extra_retain_sets=extra or None,
+                show_progress=show_progress,
+                prompt_template=prompt_template,
+            )
+        )
+    if any(name.startswith(("verbmem", "knowmem", "privleak")) for name in sets):
+        retrained_auc = ((reference or {}).get("muse") or {}).get("auc")
+        result["muse"] = evaluate_muse(
+            model,
+            tokenizer,
+            sets,
+            retrained_auc,
+            show_progress=show_progress,
+            prompt_template=prompt_template,
+            attack_reference_model=attack_reference_model,
+        )
+    return result
+
+
+def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
+    """The embedded benchmark seen both ways: TOFU's sets (forget, retain) and MUSE's (VerbMem on each forget
+    answer's second half given the question and first half, KnowMem on forget and retain QA, and the membership
+    attack on the answers of forget vs holdout-author QA, given their questions)."""
+    from ..benchmarks.fictitious_authors import load_split, retain_split_for
+
+    forget, retain, holdout = load_split(split), load_split(retain_split_for(split)), load_split("holdout")
+
+    def prompt(record: dict[str, Any]) -> str:
+        return PLAIN_PROMPT_TEMPLATE.format(question=record["question"])
+
+    def answer(record: dict[str, Any]) -> str:
+        return " " + record["answer"]
+
+    prompts, continuations = [], []
+    for record in forget:
+        words = record["answer"].split(" ")
+        half = max(1, len(words) // 2)
+        prompts.append(PLAIN_PROMPT_TEMPLATE.format(question=record["question"]) + " " + " ".join(words[:half]))
+        continuations.append(" ".join(words[half:]))
+    return {
+        "forget": forget,
+        "retain": retain,
+        "verbmem": Dataset.from_dict({"prompt": prompts, "continuation": continuations}),
+        "knowmem_forget": forget.select_columns(["question", "answer"]),
+        "knowmem_retain": retain.select_columns(["question", "answer"]),
+        # The question is a prompt the model never trained on (masked from the loss), so the membership attack
+        # scores the answer given the question, not the whole text.
+        "privleak_forget": Dataset.from_dict(
+            {"prompt": [prompt(r) for r in forget], "text": [answer(r) for r in forget]}
+        ),
+        "privleak_holdout": Dataset.from_dict(
+            {"prompt": [prompt(r) for r in holdout], "text": [answer(r) for r in holdout]}
+        ),
+    }
+
+
+def chronicles_evaluation_sets(**generate_kwargs: Any) -> dict[str, Any]:
+    """The embedded long-text corpus (:mod:`hf_unlearn.benchmarks.fictitious_chronicles`) in MUSE's shape: VerbMem
+    on the forget passages (first half given), KnowMem on forget and retain towns' QA, and the membership attack on
+    whole forget passages vs never-learned holdout passages."""
+    from ..benchmarks.fictitious_chronicles import load_chronicles_split
+
+    def split(name: str) -> Dataset:
+        return load_chronicles_split(name, **generate_kwargs)
+
+    return {
+        "verbmem": split("verbmem_forget").select_columns(["prompt", "continuation"]),
+        "knowmem_forget": split("knowmem_forget").select_columns(["question", "answer"]),
+        "knowmem_retain": split("knowmem_retain").select_columns(["question", "answer"]),
+        "privleak_forget": split("forget").select_columns(["text"]),
+        "privleak_holdout": split("holdout").select_columns(["text"]),
+    }
+
+
+def benchmark_sets(benchmark: str, split: str = "forget10", path: str | None = None) -> dict[str, Any]:
+    """The evaluation sets of ``benchmark`` (one of :data:`BENCHMARKS`); ``path`` replaces the Hub id."""
+    if benchmark == "embedded":
+        return embedded_evaluation_sets(split)
+    if benchmark == "tofu":
+        return tofu_evaluation_sets(split, **({"path": path} if path else {}))
+    if benchmark in MUSE_HUB_IDS:
+        return muse_evaluation_sets(benchmark, path)
+    raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")

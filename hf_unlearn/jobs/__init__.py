@@ -1,0 +1,29 @@
+"""What the ``hf-unlearn`` commands run: loading and building (:mod:`.models`), unlearning with a report
+(:mod:`.unlearn`), the demo on the embedded benchmarks (:mod:`.demo`), the checks of a saved model (:mod:`.checks`),
+sequential requests (:mod:`.sequence`) and the side-by-side comparison of methods (:mod:`.compare`)."""
+
+from .checks import run_audit_job, run_eval_job, run_quant_check_job, run_relearn_check_job
+from .compare import CompareArguments, run_compare
+from .demo import run_demo
+from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
+from .sequence import ForgetRequest, SequenceResult, unlearn_sequentially
+from .unlearn import run_sequence_job, run_unlearning_job, unlearn_and_report
+
+__all__ = [
+    "CompareArguments",
+    "ForgetRequest",
+    "SequenceResult",
+    "build_trainer",
+    "earlier_requests_of",
+    "load_model_and_tokenizer",
+    "run_audit_job",
+    "run_compare",
+    "run_demo",
+    "run_eval_job",
+    "run_quant_check_job",
+    "run_relearn_check_job",
+    "run_sequence_job",
+    "run_unlearning_job",
+    "unlearn_and_report",
+    "unlearn_sequentially",
+]

@@ -1,0 +1,176 @@
+"""`hf-unlearn demo`: learn an embedded benchmark (offline, cached), then forget its forget split, with the report and
+the card (the fictitious authors, TOFU-shaped; or the fictitious chronicles, MUSE-shaped)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from transformers.utils import logging
+
+from ..outputs.report import write_report
+from ..training.config import UnlearnConfig
+from ..training.output_dir import prepare_output_dir
+from ..training.trainer import UnlearnTrainer
+from .models import build_trainer
+from .unlearn import unlearn_and_report, whole_model_here
+
+logger = logging.get_logger(__name__)
+
+
+def embedded_reference(
+    split: str = "forget10", cache_dir: str | None = None, architecture: str = "llama"
+) -> dict[str, Any]:
+    """What forget quality and PrivLeak compare with on the embedded benchmark: the evaluation (forget truth ratios,
+    membership-attack AUCs) of its retain-only model, learned once and cached."""
+    from ..benchmarks.target_model import learn_retain_only_model
+    from ..evaluation.metrics import truth_ratios
+    from ..evaluation.suites import embedded_evaluation_sets, evaluate_muse
+
+    model, tokenizer = learn_retain_only_model(split, cache_dir, architecture)
+    sets = embedded_evaluation_sets(split)
+    privleak_sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
+    return {
+        "forget_truth_ratios": truth_ratios(model, tokenizer, sets["forget"]),
+        "muse": evaluate_muse(model, tokenizer, privleak_sets),
+    }
+
+
+def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
+    """The README's main job: learn the embedded benchmark, then forget its forget split."""
+    from ..benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
+    from ..evaluation.metrics import truth_ratios
+
+    if demo_args.benchmark == "chronicles":
+        return run_chronicles_demo(demo_args, config)
+    if demo_args.benchmark != "fictitious_authors":
+        raise ValueError(f"--benchmark must be fictitious_authors or chronicles, got {demo_args.benchmark!r}.")
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir)
+    start = time.perf_counter()
+    model, tokenizer, learn_info = learn_target_model(
+        cache_dir=demo_args.cache_dir, architecture=demo_args.architecture
+    )
+    forget = load_split(demo_args.split)
+    retain_name = retain_split_for(demo_args.split)
+    retain = load_split(retain_name)
+    # Authors the target never saw (and not the holdout authors the membership attack uses): the calibrated target.
+    calibration = load_split("calibration") if demo_args.calibrate else None
+    # TOFU's forget quality compares with a model that never saw the forget split (learned once, cached).
+    reference_model, reference_tokenizer = learn_retain_only_model(
+        demo_args.split, demo_args.cache_dir, demo_args.architecture
+    )
+    reference = truth_ratios(reference_model, reference_tokenizer, forget)
+    trainer = unlearn_and_report(
+        model,
+        tokenizer,
+        config,
+        forget,
+        retain,
+        retain_only_truth_ratios=reference,
+        calibration_records=calibration,
+        extra={
+            "benchmark": "fictitious_authors",
+            "split": demo_args.split,
+            "target_model": {k: v for k, v in learn_info.items() if k != "exact_match_history"},
+        },
+        dataset_names={
+            "forget": f"hf_unlearn fictitious authors / {demo_args.split}",
+            "retain": f"hf_unlearn fictitious authors / {retain_name}",
+            "calibration": "hf_unlearn fictitious authors / calibration",
+        },
+    )
+    if demo_args.audit and whole_model_here(trainer, "audit", "audit"):
+        from ..robustness.audit import audit_markdown, audit_record_fields, run_audit
+
+        audit = run_audit(
+            trainer.model,
+            tokenizer,
+            forget,
+            retain,
+            load_split("holdout"),
+            reference_model=reference_model,
+            target_model=learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0],
+        )
+        trainer.record.update(**audit_record_fields(audit))
+        print("\nRobustness audit:\n" + audit_markdown(audit))
+    trainer.record.extra["demo_seconds"] = time.perf_counter() - start
+    trainer.save_model(config.output_dir)  # the model, the record and its card, so `hf-unlearn eval` works
+    if trainer.is_world_process_zero():
+        write_report(trainer.record, config.output_dir)
+        print(f"Demo finished in {trainer.record.extra['demo_seconds']:.0f} s.")
+    return trainer
+
+
+#: MUSE's metrics as the chronicles demo reports them: (key of evaluate_muse's result, label).
+CHRONICLES_METRICS = (
+    ("verbmem_forget", "VerbMem forget"),
+    ("knowmem_forget", "KnowMem forget"),
+    ("knowmem_retain", "KnowMem retain"),
+)
+
+
+def muse_table(columns: dict[str, dict[str, Any]], attack: str = "min_k") -> str:
+    """MUSE's metrics of several evaluations (``{"target": evaluate_muse(...), ...}``) side by side."""
+    lines = ["| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for key, label in CHRONICLES_METRICS:
+        values = [c.get(key) for c in columns.values()]
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + " |")
+    for key, label in (("auc", f"{attack} AUC (forget vs holdout)"), ("privleak", f"PrivLeak ({attack}, %)")):
+        values = [(c.get(key) or {}).get(attack) for c in columns.values()]
+        spec = "+.1f" if key == "privleak" else ".3f"
+        lines.append(f"| {label} | " + " | ".join("-" if v is None else format(v, spec) for v in values) + " |")
+    return "\n".join(lines)
+
+
+def run_chronicles_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
+    """`hf-unlearn demo --benchmark chronicles`: learn the fictitious chronicles (passages whose facts recur), then
+    forget the forget towns' passages, and measure MUSE's metrics before, after and on the retain-only model."""
+    from ..benchmarks import learn_chronicles_target_model, load_chronicles_split
+    from ..data.examples import build_text_dataset
+    from ..evaluation.suites import chronicles_evaluation_sets, evaluate_muse
+
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir)
+    start = time.perf_counter()
+    learn = dict(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture, show_progress=False)
+    model, tokenizer, learn_info = learn_chronicles_target_model(**learn)
+    reference_model, _, _ = learn_chronicles_target_model(**learn, learn_split="retain")
+    sets = chronicles_evaluation_sets()
+    reference = evaluate_muse(reference_model, tokenizer, sets)
+    before = evaluate_muse(model, tokenizer, sets, retrained_auc=reference["auc"])
+    forget = build_text_dataset(load_chronicles_split("forget"), tokenizer)
+    retain = build_text_dataset(load_chronicles_split("retain"), tokenizer, name="retain")
+    calibration = (
+        build_text_dataset(load_chronicles_split("calibration"), tokenizer, name="calibration")
+        if demo_args.calibrate
+        else None
+    )
+    trainer = build_trainer(model, tokenizer, config, forget, retain, calibration)
+    trainer.train()
+    after = evaluate_muse(trainer.model, tokenizer, sets, retrained_auc=reference["auc"])
+    record = trainer.record
+    for part, name in (("forget", "forget"), ("retain", "retain"), ("calibration", "calibration")):
+        described = getattr(record, f"{part}_dataset")
+        if described is not None:
+            described["name"] = f"hf_unlearn fictitious chronicles / {name}"
+    record.update(
+        evaluation={"muse": {"before": before, "after": after, "retain_only": reference}},
+        extra=dict(
+            record.extra,
+            benchmark="chronicles",
+            target_model={k: v for k, v in learn_info.items() if k != "verbmem_history"},
+            demo_seconds=time.perf_counter() - start,
+        ),
+    )
+    trainer.save_model(config.output_dir)  # the model, its tokenizer, the record and the card
+    if trainer.is_world_process_zero():
+        write_report(record, config.output_dir)
+        table = muse_table({"target": before, "unlearned": after, "retain-only": reference})
+        with open(os.path.join(config.output_dir, "muse.md"), "w") as f:
+            f.write(table + "\n")
+        print("\n" + table)
+        print(
+            f"\n{config.method}: {record.stop_reason}; {record.wall_seconds:.1f} s. "
+            f"Demo finished in {record.extra['demo_seconds']:.0f} s."
+        )
+    return trainer

@@ -1,0 +1,46 @@
+"""Forget and retain objectives: small pure functions registered by name with what each one needs
+(:mod:`.registry`), and the restricted margin (:mod:`.margin`) that the MASC loss, the stopping rule and the evaluation
+share. Importing the package registers every built-in objective."""
+
+from . import classic, masc, recent, retain  # noqa: F401  (registration)
+from .margin import restricted_margin, threshold_from_probability, upcast_half
+from .masc import MASC_PAPER
+from .registry import (
+    FORGET_OBJECTIVES,
+    NORMALIZATIONS,
+    RETAIN_OBJECTIVES,
+    LossInputs,
+    Objective,
+    Paper,
+    answer_nll,
+    get_objective,
+    log_ratio,
+    mean_over_items,
+    preference_margin,
+    register_forget_objective,
+    register_retain_objective,
+    require_answer_tokens,
+    sequence_log_prob,
+)
+
+__all__ = [
+    "FORGET_OBJECTIVES",
+    "MASC_PAPER",
+    "NORMALIZATIONS",
+    "RETAIN_OBJECTIVES",
+    "LossInputs",
+    "Objective",
+    "Paper",
+    "answer_nll",
+    "log_ratio",
+    "mean_over_items",
+    "preference_margin",
+    "require_answer_tokens",
+    "sequence_log_prob",
+    "get_objective",
+    "register_forget_objective",
+    "register_retain_objective",
+    "restricted_margin",
+    "threshold_from_probability",
+    "upcast_half",
+]

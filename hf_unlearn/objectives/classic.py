@@ -1,0 +1,247 @@
+"""The established forget objectives: gradient ascent, NPO (arXiv 2404.05868), SimNPO (arXiv 2410.07163), IdkDPO (DPO
+with refusals as the chosen answer), UNDIAL (arXiv 2402.10052) and RMU (WMDP, arXiv 2403.03218)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.utils import logging
+
+from ..data.examples import IGNORE_INDEX
+from .margin import (
+    shift_for_causal_lm,
+    token_log_probs,
+    upcast_half,
+)
+from .registry import (
+    LossInputs,
+    Paper,
+    answer_nll,
+    log_ratio,
+    mean_over_items,
+    preference_margin,
+    register_forget_objective,
+    register_retain_objective,
+    require_answer_tokens,
+)
+
+logger = logging.get_logger(__name__)
+
+
+@register_forget_objective(
+    "ga",
+    paper=Paper(
+        "Knowledge Unlearning for Mitigating Privacy Risks in Language Models",
+        "https://arxiv.org/abs/2210.01504",
+        "Jang et al.",
+    ),
+)
+def gradient_ascent_loss(inputs: LossInputs) -> torch.Tensor:
+    """``-NLL_f``: minimising it raises the NLL of the forget answers (gradient ascent; TOFU, arXiv 2401.06121)."""
+    return -answer_nll(inputs)
+
+
+@register_forget_objective(
+    "npo",
+    paper=Paper("Negative Preference Optimization", "https://arxiv.org/abs/2404.05868", "Zhang, Lin, Bai, Mei"),
+    needs_reference=True,
+    hyperparameters=("npo_beta",),
+    normalized_by="sequences",
+)
+def npo_loss(inputs: LossInputs) -> torch.Tensor:
+    """``-(2/beta) mean log sigmoid(-beta (log pi(y|x) - log pi_ref(y|x)))`` with sequence-summed log ratios.
+
+    NPO (arXiv 2404.05868, eq. 3), beta = ``config.npo_beta`` (0.1).
+    """
+    beta = inputs.config.npo_beta
+    require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
+    losses = -(2.0 / beta) * F.logsigmoid(-beta * log_ratio(inputs))
+    return mean_over_items(losses.sum(), losses.numel(), inputs)
+
+
+@register_forget_objective(
+    "simnpo",
+    paper=Paper(
+        "Simplicity Prevails: Rethinking Negative Preference Optimization for LLM Unlearning",
+        "https://arxiv.org/abs/2410.07163",
+        "Fan et al.",
+    ),
+    hyperparameters=("simnpo_beta", "simnpo_delta"),
+    normalized_by="sequences",
+)
+def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
+    """``-(2/beta) mean log sigmoid(beta (NLL(y|x)/|y| - delta))``: length-normalised NPO without a reference.
+
+    SimNPO (arXiv 2410.07163, eq. 4), beta = ``config.simnpo_beta`` (4.5), delta = ``config.simnpo_delta`` (0).
+    """
+    config = inputs.config
+    log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
+    require_answer_tokens(mask, inputs)
+    lengths = mask.sum(-1).clamp(min=1)
+    mean_nll = -log_probs.sum(-1) / lengths
+    losses = -(2.0 / config.simnpo_beta) * F.logsigmoid(config.simnpo_beta * (mean_nll - config.simnpo_delta))
+    return mean_over_items(losses.sum(), losses.numel(), inputs)
+
+
+@register_forget_objective(
+    "idk_dpo",
+    paper=Paper(
+        "TOFU: A Task of Fictitious Unlearning for LLMs (IdkDPO)", "https://arxiv.org/abs/2401.06121", "Maini et al."
+    ),
+    needs_reference=True,
+    hyperparameters=("dpo_beta", "refusal_answers"),
+    normalized_by="sequences",
+    needs_refusal=True,
+)
+def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
+    """DPO with the refusal as the chosen answer and the forget answer as the rejected one.
+
+    ``-mean log sigmoid(beta [(log pi(y_idk) - log pi_ref(y_idk)) - (log pi(y) - log pi_ref(y))])``, beta =
+    ``config.dpo_beta`` (0.1), sequence-summed log-probabilities. open-unlearning scales this loss by 2/beta; we
+    keep DPO's own scale.
+    """
+    losses = -F.logsigmoid(inputs.config.dpo_beta * preference_margin(inputs))
+    return mean_over_items(losses.sum(), losses.numel(), inputs)
+
+
+@register_forget_objective(
+    "undial",
+    paper=Paper(
+        "UNDIAL: Self-Distillation with Adjusted Logits for Robust Unlearning in Large Language Models",
+        "https://arxiv.org/abs/2402.10052",
+        "Dong et al.",
+    ),
+    needs_reference=True,
+    hyperparameters=("undial_beta",),
+)
+def undial_loss(inputs: LossInputs) -> torch.Tensor:
+    """Cross-entropy to ``softmax(z_ref - beta * onehot(y))`` on the answer tokens, beta = ``config.undial_beta``.
+
+    UNDIAL (arXiv 2402.10052, §3): the frozen model's distribution with the target token's logit lowered.
+    open-unlearning averages over every position (prompt and padding too); we average over answer tokens.
+    """
+    logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
+    reference, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
+    mask = labels != IGNORE_INDEX
+    require_answer_tokens(mask, inputs)
+    # Selecting the answer positions costs one device sync, and keeps the vocabulary-sized softmax to them.
+    answer_labels = labels[mask].unsqueeze(-1)
+    reference_answers = upcast_half(reference[mask])
+    lowered = torch.full(
+        answer_labels.shape, -inputs.config.undial_beta, device=logits.device, dtype=reference_answers.dtype
+    )
+    adjusted = reference_answers.scatter_add(-1, answer_labels, lowered)
+    target = F.softmax(adjusted, dim=-1)
+    cross_entropy = -(target * F.log_softmax(upcast_half(logits[mask]), dim=-1)).sum(-1)
+    return mean_over_items(cross_entropy.sum(), cross_entropy.numel(), inputs)
+
+
+def _rmu_hidden(hidden_states: tuple[torch.Tensor, ...], layer: int) -> torch.Tensor:
+    return hidden_states[layer + 1]  # hidden_states[0] is the embedding output
+
+
+def _masked_squared_error(hidden: torch.Tensor, target: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
+    """Per attended token, the mean squared error across the hidden dimension; averaged over attended tokens."""
+    per_token = (upcast_half(hidden) - upcast_half(target)).pow(2).mean(-1)
+    mask = inputs.attention_mask.to(per_token.dtype)
+    return mean_over_items((per_token * mask).sum(), mask.sum(), inputs)
+
+
+def _select_rmu_parameters(model: Any, config: Any) -> None:
+    """RMU trains only the MLP weights of a few layers (arXiv 2403.03218, §5); freeze everything else.
+
+    ``output_hidden_states`` gives the output of decoder layer l as ``hidden_states[l + 1]`` for every layer but
+    the last, whose entry is taken after the model's final norm (Llama, Qwen2, GPT-2 alike), so the last layer
+    cannot be steered this way and is refused.
+    """
+    if hasattr(model, "peft_config"):
+        raise ValueError("RMU chooses which MLP weights train itself; pass the base model without a PEFT wrapper.")
+    num_layers = model.config.get_text_config().num_hidden_layers
+    if num_layers < 2:
+        raise ValueError(
+            f"RMU steers the output of a decoder layer below the last one, and {type(model).__name__} has "
+            f"{num_layers} layer: use a model with at least 2 layers or another method."
+        )
+    if config.rmu_layer is None:
+        config.rmu_layer = min(7, num_layers - 2)
+        logger.warning(
+            f"RMU: rmu_layer was not set; steering decoder layer {config.rmu_layer} (of 0..{num_layers - 1})."
+        )
+    if not 0 <= config.rmu_layer < num_layers:
+        raise ValueError(f"rmu_layer={config.rmu_layer} but the model has {num_layers} layers (0..{num_layers - 1}).")
+    if config.rmu_layer == num_layers - 1:
+        raise ValueError(
+            f"rmu_layer={config.rmu_layer} is the last decoder layer, whose hidden state the model only returns after "
+            f"its final norm, so RMU would steer the normalised output instead of the layer's. Choose a layer "
+            f"between 0 and {num_layers - 2}."
+        )
+    if config.rmu_trainable_layers is None:
+        config.rmu_trainable_layers = [i for i in range(config.rmu_layer - 2, config.rmu_layer + 1) if i >= 0]
+        logger.warning(
+            f"RMU: training the MLP weights of layers {config.rmu_trainable_layers} (rmu_trainable_layers)."
+        )
+    pattern = re.compile(r"\.(?:layers|h|blocks)\.(" + "|".join(map(str, config.rmu_trainable_layers)) + r")\.mlp\.")
+    selected = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_(bool(pattern.search(name)))
+        selected += int(param.requires_grad)
+    if selected == 0:
+        raise ValueError(
+            f"RMU found no MLP weights of layers {config.rmu_trainable_layers} in {type(model).__name__} "
+            "(looked for '.layers.N.mlp.' / '.h.N.mlp.'); set rmu_trainable_layers."
+        )
+
+
+RMU_PAPER = Paper(
+    "The WMDP Benchmark: Measuring and Reducing Malicious Use With Unlearning (RMU)",
+    "https://arxiv.org/abs/2403.03218",
+    "Li et al.",
+)
+
+
+@register_forget_objective(
+    "rmu",
+    paper=RMU_PAPER,
+    hyperparameters=("rmu_layer", "rmu_trainable_layers", "rmu_steering_coefficient"),
+    normalized_by="attended_tokens",
+    needs_hidden_states=True,
+    prepare=_select_rmu_parameters,
+)
+def rmu_forget_loss(inputs: LossInputs) -> torch.Tensor:
+    """``MSE(h_l(x_forget), c * u)``: steer layer l's activations on forget inputs to a fixed random direction.
+
+    RMU (arXiv 2403.03218, §5): u is a random unit vector fixed for the run (seeded), c =
+    ``config.rmu_steering_coefficient``; l = ``config.rmu_layer``. Averaged over every attended token (prompt
+    included), as the WMDP reference does; open-unlearning's TOFU variant uses answer tokens.
+    """
+    config = inputs.config
+    hidden = _rmu_hidden(inputs.hidden_states, config.rmu_layer)
+    direction = rmu_direction(hidden.shape[-1], config.seed, hidden.device)
+    target = (config.rmu_steering_coefficient * direction).expand_as(hidden)
+    return _masked_squared_error(hidden, target, inputs)
+
+
+@register_retain_objective(
+    "rmu_retain",
+    paper=RMU_PAPER,
+    needs_reference=True,
+    hyperparameters=("rmu_layer",),
+    normalized_by="attended_tokens",
+    needs_hidden_states=True,
+)
+def rmu_retain_loss(inputs: LossInputs) -> torch.Tensor:
+    """RMU retain term: MSE to the frozen model's layer-l activations on retain inputs (arXiv 2403.03218, §5)."""
+    layer = inputs.config.rmu_layer
+    hidden = _rmu_hidden(inputs.hidden_states, layer)
+    target = _rmu_hidden(inputs.reference_hidden_states, layer)
+    return _masked_squared_error(hidden, target, inputs)
+
+
+def rmu_direction(size: int, seed: int, device: torch.device) -> torch.Tensor:
+    """The fixed random unit vector u of RMU (uniform in [0, 1) then normalised, as in the reference code)."""
+    generator = torch.Generator().manual_seed(seed)
+    direction = torch.rand(size, generator=generator)
+    return (direction / direction.norm()).to(device)

@@ -1,0 +1,81 @@
+"""MASC, margin self-correction (Di Gennaro, Shevchenko, Yang, arXiv 2606.02920): the buffered hinge on the restricted
+margin of each forgotten token against the model's top-k alternatives (§3), and (its retain terms, NLL and KL, are
+in :mod:`.retain`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.utils import logging
+
+from .margin import (
+    calibrated_thresholds,
+    masc_hinge,
+    restricted_margin,
+    shift_for_causal_lm,
+)
+from .registry import (
+    LossInputs,
+    Paper,
+    model_vocab_size,
+    register_forget_objective,
+)
+
+logger = logging.get_logger(__name__)
+
+
+MASC_PAPER = Paper(
+    "Fast Unlearning at Scale via Margin Self-Correction",
+    "https://arxiv.org/abs/2606.02920",
+    "Di Gennaro, Shevchenko, Yang",
+)
+
+
+def _check_masc_k(model: Any, config: Any) -> None:
+    vocab_size = model_vocab_size(model)
+    if config.masc_k >= vocab_size:
+        raise ValueError(
+            f"masc_k={config.masc_k} is not smaller than the vocabulary size {vocab_size}: the k competitors are "
+            "other tokens than the target. Lower masc_k."
+        )
+
+
+@register_forget_objective(
+    "masc",
+    paper=MASC_PAPER,
+    needs_reference=lambda config: config.competitor_source == "teacher",
+    hyperparameters=(
+        "masc_k",
+        "masc_beta",
+        "masc_rho",
+        "masc_eta",
+        "masc_threshold",
+        "competitor_source",
+        "competitor_delta",
+    ),
+    prepare=_check_masc_k,
+    needs_calibration=lambda config: config.masc_threshold == "calibration",
+)
+def masc_loss(inputs: LossInputs) -> torch.Tensor:
+    """Buffered hinge on the restricted margin of every answer token (MASC §3).
+
+    The threshold is tau = log(rho / (1 - rho)) for every token (the paper), or with ``masc_threshold=
+    "calibration"`` (beyond the paper) each token's never-seen counterpart: the calibration set's margin at the
+    token's rank among the batch's forget tokens (:func:`~hf_unlearn.margin.calibrated_thresholds`), so the hinge
+    pushes the forget set's margins down to the distribution of data the model never saw, not below it.
+    """
+    config = inputs.config
+    logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
+    teacher = None
+    if config.competitor_source == "teacher":
+        teacher, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
+    result = restricted_margin(
+        logits, labels, k=config.masc_k, beta=config.masc_beta, teacher_logits=teacher, delta=config.competitor_delta
+    )
+    tau: float | torch.Tensor = config.masc_tau
+    if config.masc_threshold == "calibration":
+        thresholds = torch.zeros_like(result.margins)
+        thresholds[result.mask] = calibrated_thresholds(result.margins[result.mask], inputs.calibration_margins)
+        tau = thresholds
+    return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items)

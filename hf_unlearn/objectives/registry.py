@@ -1,0 +1,189 @@
+"""Forget and retain objectives: small pure functions registered by name, with what each one needs.
+
+Each objective takes :class:`LossInputs` (the current model's logits on one batch, its labels, the frozen
+reference model's logits when the objective asked for them, and the config) and returns a scalar loss to
+*minimise*. A registration says everything the trainer must know about an objective, so the trainer never
+branches on a method name: whether it needs the reference model, hidden states or refusal answers, which config
+fields are its hyperparameters (they go into the run record and the model card), what its mean is taken over
+(answer tokens, sequences or attended tokens: the trainer counts that unit over the whole gradient-accumulation
+window and all processes and passes the count as ``num_items``, as Trainer does with ``num_items_in_batch``),
+the paper it comes from, and an optional ``prepare`` hook that checks the model and chooses what trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.utils import logging
+
+from ..data.examples import IGNORE_INDEX
+from .margin import (
+    token_log_probs,
+)
+
+logger = logging.get_logger(__name__)
+
+#: What an objective's mean is taken over; the trainer counts the same unit over the accumulation window.
+NORMALIZATIONS = ("answer_tokens", "sequences", "attended_tokens")
+
+
+@dataclass
+class LossInputs:
+    """What an objective may read. ``logits`` and ``labels`` are unshifted, as the model returns them.
+
+    ``hidden_states`` / ``reference_hidden_states`` are the per-layer tuples of ``output_hidden_states=True``
+    (only for objectives registered with ``needs_hidden_states``); ``refusal`` holds the same fields for the
+    batch whose answers were replaced by a refusal (only for ``needs_refusal`` objectives). ``num_items`` is the
+    number of the objective's units (answer tokens, sequences, attended tokens) in the whole accumulated batch of
+    every process; the loss is a sum over this batch divided by it. ``None``: this batch's own count (a plain mean).
+    ``calibration_margins`` (only for objectives registered with ``needs_calibration``): the restricted margins of
+    every answer token of the calibration set (data of the same kind the model never trained on), measured under
+    the current model at the last probe.
+    """
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+    config: Any
+    reference_logits: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    reference_hidden_states: tuple[torch.Tensor, ...] | None = None
+    refusal: LossInputs | None = None
+    num_items: torch.Tensor | float | None = None
+    calibration_margins: torch.Tensor | None = None
+    state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Paper:
+    """Where an objective (or a gradient surgery) comes from: one entry of the citations in the model card."""
+
+    title: str
+    url: str
+    authors: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.authors}. {self.title}. {self.url}" if self.authors else f"{self.title}. {self.url}"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A registered objective and what the trainer must supply for it.
+
+    ``needs_reference(config)``: logits (and hidden states) of the frozen start model; ``needs_hidden_states``:
+    ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO);
+    ``hyperparameters``: the config fields the objective reads; ``normalized_by``: one of :data:`NORMALIZATIONS`;
+    ``prepare(model, config)``: called once before training, before any weight changes, to refuse a model the
+    objective cannot work with or to choose which parameters train; ``needs_calibration(config)``: the calibration
+    set's margins (:attr:`LossInputs.calibration_margins`); ``needs_alternate``: a second batch whose answers are
+    plausible alternatives from the forget records' ``config.alternate_column`` (AltPO), in the same field as the
+    refusal batch; ``initial_state(config)``: the objective keeps state across steps (PDU's dual variable), given to
+    it as :attr:`LossInputs.state`, updated after each optimizer step by ``update_state(state, config, step,
+    across_processes)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved).
+    """
+
+    name: str
+    fn: Callable[[LossInputs], torch.Tensor]
+    needs_reference: Callable[[Any], bool]
+    paper: Paper | None = None
+    hyperparameters: tuple[str, ...] = ()
+    normalized_by: str = "answer_tokens"
+    needs_hidden_states: bool = False
+    needs_refusal: bool = False
+    prepare: Callable[[Any, Any], None] | None = None
+    needs_calibration: Callable[[Any], bool] = lambda _config: False
+    needs_alternate: bool = False
+    initial_state: Callable[[Any], dict[str, Any]] | None = None
+    update_state: Callable[..., None] | None = None
+
+
+FORGET_OBJECTIVES: dict[str, Objective] = {}
+RETAIN_OBJECTIVES: dict[str, Objective] = {}
+
+
+def _register(registry: dict[str, Objective], name: str, needs_reference: bool | Callable[[Any], bool], **options):
+    if options.get("normalized_by", "answer_tokens") not in NORMALIZATIONS:
+        raise ValueError(f"normalized_by must be one of {NORMALIZATIONS}, got {options['normalized_by']!r}.")
+    unknown = set(options) - {"paper", "hyperparameters", "normalized_by", "needs_hidden_states", "needs_refusal",
+                              "prepare", "needs_calibration", "needs_alternate", "initial_state",
+                              "update_state"}  # fmt: skip
+    if unknown:
+        raise TypeError(f"Unknown objective option(s) {sorted(unknown)}.")
+
+    def decorator(fn: Callable[[LossInputs], torch.Tensor]) -> Callable[[LossInputs], torch.Tensor]:
+        needs = needs_reference if callable(needs_reference) else (lambda _config, value=needs_reference: value)
+        registry[name] = Objective(name, fn, needs, **options)
+        return fn
+
+    return decorator
+
+
+def register_forget_objective(name: str, needs_reference: bool | Callable[[Any], bool] = False, **options: Any):
+    """Register a forget objective under ``name`` (usable as ``UnlearnConfig(forget_loss=name)``).
+
+    ``needs_reference``: a bool, or a function of the config. ``options`` are :class:`Objective`'s fields:
+    ``paper``, ``hyperparameters``, ``normalized_by``, ``needs_hidden_states``, ``needs_refusal``, ``prepare``.
+    """
+    return _register(FORGET_OBJECTIVES, name, needs_reference, **options)
+
+
+def register_retain_objective(name: str, needs_reference: bool | Callable[[Any], bool] = False, **options: Any):
+    """Register a retain objective under ``name`` (usable as ``UnlearnConfig(retain_loss=name)``); the options
+    are :func:`register_forget_objective`'s, except ``needs_refusal``."""
+    if options.get("needs_refusal") or options.get("needs_alternate"):
+        raise ValueError("Only forget objectives can ask for refusal or alternate answers.")
+    return _register(RETAIN_OBJECTIVES, name, needs_reference, **options)
+
+
+def get_objective(registry: dict[str, Objective], name: str, kind: str) -> Objective:
+    if name not in registry:
+        raise ValueError(f"Unknown {kind} objective {name!r}; registered: {sorted(registry)}.")
+    return registry[name]
+
+
+def mean_over_items(total: torch.Tensor, local_count: torch.Tensor | int, inputs: LossInputs) -> torch.Tensor:
+    """``total`` over the accumulated batch's count when the trainer gave one, else over this batch's."""
+    return total / (inputs.num_items if inputs.num_items is not None else local_count)
+
+
+def require_answer_tokens(mask: torch.Tensor, inputs: LossInputs) -> None:
+    """Refuse a batch without answer tokens. Skipped under the trainer (``num_items`` given), which checked every
+    example before training: reading the device here would cost a host sync per step on a GPU."""
+    if inputs.num_items is None and not mask.any():
+        raise ValueError("The batch has no answer tokens (all labels are -100): there is nothing to score.")
+
+
+def answer_nll(inputs: LossInputs) -> torch.Tensor:
+    """Mean negative log-likelihood over the answer tokens of the batch."""
+    log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
+    require_answer_tokens(mask, inputs)
+    return mean_over_items(-log_probs.sum(), mask.sum(), inputs)
+
+
+def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of answer-token log-probabilities per sequence, log pi(y|x)."""
+    log_probs, _ = token_log_probs(logits, labels)
+    return log_probs.sum(-1)
+
+
+def log_ratio(inputs: LossInputs) -> torch.Tensor:
+    """``log pi(y|x) - log pi_ref(y|x)`` per sequence (sequence-summed), the quantity NPO and DPO are built on."""
+    return sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(inputs.reference_logits, inputs.labels)
+
+
+def preference_margin(inputs: LossInputs) -> torch.Tensor:
+    """DPO's margin with the paired batch (:attr:`LossInputs.refusal`: a refusal or an alternative answer) as the
+    chosen answer and the forget answer as the rejected one."""
+    require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
+    return log_ratio(inputs.refusal) - log_ratio(inputs)
+
+
+def model_vocab_size(model: Any) -> int:
+    embeddings = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if embeddings is not None and hasattr(embeddings, "weight"):
+        # ds_shape: the full shape of a weight DeepSpeed ZeRO-3 partitioned (its own shape is then empty).
+        return getattr(embeddings.weight, "ds_shape", embeddings.weight.shape)[0]
+    return model.config.get_text_config().vocab_size

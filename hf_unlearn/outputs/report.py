@@ -1,0 +1,262 @@
+"""The run report: ``report.json`` (the run record), ``report.md`` (a table a person reads) and a PNG plot.
+
+Everything here reads an :class:`~hf_unlearn.record.UnlearnRecord` or an evaluation result; nothing reaches into
+a trainer or runs a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..training.record import UnlearnRecord
+
+METRICS = ("rouge_l_recall", "probability", "exact_match")
+
+
+def format_value(value: Any, spec: str = ".3f") -> str:
+    """A metric for a Markdown table: ``-`` for a missing one, floats with ``spec``, anything else as is."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return format(value, spec)
+    return str(value)
+
+
+def report_table(record: UnlearnRecord) -> str:
+    """Before/after table in Markdown (also what the CLI prints)."""
+    lines = ["| split | metric | before | after | change |", "|---|---|---|---|---|"]
+    for split in ("forget", "retain"):
+        if split not in record.before or split not in record.after:
+            continue
+        metrics = METRICS + (("truth_ratio",) if record.after[split].get("truth_ratio") is not None else ())
+        for metric in metrics:
+            before = record.before[split].get(metric)
+            after = record.after[split].get(metric)
+            change = None if before is None or after is None else after - before
+            cells = " | ".join(format_value(value) for value in (before, after, change))
+            lines.append(f"| {split} | {metric} | {cells} |")
+    return "\n".join(lines)
+
+
+def forget_quality_sentence(before: float | None, after: float | None) -> str | None:
+    """One line saying whether unlearning moved the model towards one that never saw the forget set."""
+    if before is None or after is None:
+        return None
+    verdict = (
+        "higher than the target model's: closer to a model that never saw the forget set"
+        if after > before
+        else "not higher than the target model's: no closer to a model that never saw the forget set"
+    )
+    return (
+        f"Forget quality (KS p-value of forget-set truth ratios vs a retain-only model) went from {before:.3g} "
+        f"to {after:.3g}, {verdict}."
+    )
+
+
+def forget_quality_line(record: UnlearnRecord) -> str | None:
+    """The report's one line on TOFU forget quality before vs after, when it was measured."""
+    evaluation = record.evaluation or {}
+    return forget_quality_sentence(
+        (evaluation.get("before") or {}).get("forget_quality"), (evaluation.get("after") or {}).get("forget_quality")
+    )
+
+
+def stop_sentence(record: UnlearnRecord) -> str:
+    """How the run ended, in one clause: the target, the utility floor (a failure), the budget, or something else."""
+    if record.stop_kind == "target":
+        return f"stopped itself at step {record.stop_step} of at most {record.max_steps} (target reached)"
+    if record.stop_kind == "utility_floor":
+        return f"FAILED at step {record.stop_step}: stopped by the utility floor"
+    if record.stop_kind == "budget":
+        if record.stopping_rule:
+            return f"ran the whole budget ({record.max_steps} steps) without meeting the stopping rule"
+        return f"ran the whole budget ({record.max_steps} steps; no stopping rule)"
+    return f"ended at step {record.global_step} of {record.max_steps}"
+
+
+def report_markdown(record: UnlearnRecord) -> str:
+    bound = record.exact_reproduction_bound or {}
+    summary = [
+        f"# Unlearning report: {record.method}",
+        "",
+        f"- Objectives: forget `{record.forget_objective}`, retain `{record.retain_objective}`"
+        + (f", gradient surgery `{record.gradient_surgery}`." if record.gradient_surgery != "sum" else "."),
+        f"- Training {stop_sentence(record)} in {format_value(record.wall_seconds)} s "
+        f"({format_value(record.probe_seconds)} s of it in probes).",
+        f"- Why it stopped: {record.stop_reason}.",
+    ]
+    if record.violation_rate is not None:
+        hyperparameters = record.hyperparameters
+        probe = hyperparameters.get("stop_probe", "train")
+        if hyperparameters.get("stop_target") == "calibration":
+            gap = (record.probe_history[-1] if record.probe_history else {}).get("calibration_gap")
+            target = f"calibration gap {format_value(gap)}, slack {format_value(hyperparameters['calibration_slack'])}"
+        elif "stop_alpha" in hyperparameters:
+            target = f"alpha = {format_value(hyperparameters['stop_alpha'])}"
+        else:
+            target = "no stopping rule"
+        summary.append(f"- Last violation rate ({probe} probe): {format_value(record.violation_rate)} ({target}).")
+    if bound:
+        summary.append(
+            f"- Exact-reproduction bound (MASC Proposition 1, mean over forget answers): "
+            f"{format_value(bound.get('mean'))}; measured exact match after: "
+            f"{format_value(record.after.get('forget', {}).get('exact_match'))}."
+        )
+    line = forget_quality_line(record)
+    if line:
+        summary.append(f"- {line}")
+    summary.append("")
+    if record.before and record.after:
+        summary += [report_table(record), ""]
+    return "\n".join(summary)
+
+
+def plot_history(
+    history: list[dict],
+    path: str,
+    alpha: float | None = None,
+    surgery: list[dict] | None = None,
+    calibration_slack: float | None = None,
+) -> str | None:
+    """Violation rate(s), forget/retain answer probability, the calibration gap (with a calibration set) and, with
+    gradient surgery, the cosines and conflict fraction over optimizer steps, one PNG."""
+    if not history:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    calibrated = "calibration_gap" in history[0]
+    panels = 2 + int(calibrated) + int(bool(surgery))
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
+    ax_rate, ax_prob = axes[0], axes[1]
+    for key, label in (
+        ("violation_rate_train", "train probe"),
+        ("violation_rate_holdout", "held-out probe"),
+        ("violation_rate_calibration", "never seen (calibration)"),
+    ):
+        if key in history[0]:
+            ax_rate.plot(steps, [h[key] for h in history], marker="o", label=label)
+    if alpha is not None:
+        ax_rate.axhline(alpha, color="grey", linestyle="--", label=f"alpha = {alpha:g}")
+    ax_rate.set_xlabel("optimizer step")
+    ax_rate.set_ylabel("violation rate")
+    ax_rate.set_ylim(-0.02, 1.02)
+    ax_rate.set_title("Forget-set violation rate")
+    ax_rate.legend()
+    for key, label in (
+        ("forget_probability_train", "forget (trained)"),
+        ("forget_probability_holdout", "forget (held out)"),
+        ("calibration_probability", "never seen (calibration)"),
+        ("retain_probability", "retain"),
+    ):
+        if key in history[0]:
+            ax_prob.plot(steps, [h[key] for h in history], marker="o", label=label)
+    ax_prob.set_xlabel("optimizer step")
+    ax_prob.set_ylabel("answer probability (exp -mean NLL)")
+    ax_prob.set_ylim(-0.02, 1.02)
+    ax_prob.set_title("Forget vs retain answer probability")
+    ax_prob.legend()
+    if calibrated:
+        ax_gap = axes[2]
+        ax_gap.plot(steps, [h.get("calibration_gap") for h in history], marker="o", label="calibration gap")
+        if calibration_slack is not None:
+            ax_gap.axhline(calibration_slack, color="grey", linestyle="--", label=f"slack = {calibration_slack:g}")
+        ax_gap.set_xlabel("optimizer step")
+        ax_gap.set_ylabel("logits above never-seen margins")
+        ax_gap.set_title("Forget vs never-seen margins")
+        ax_gap.legend()
+    if surgery:
+        ax_surgery = axes[-1]
+        surgery_steps = [h["step"] for h in surgery]
+        for key, label in (
+            ("surgery/cos_update_retain", "cos(update, g_retain)"),
+            ("surgery/cos_forget_retain", "cos(g_forget, g_retain)"),
+            ("surgery/conflict_fraction", "conflict fraction"),
+        ):
+            ax_surgery.plot(surgery_steps, [h.get(key) for h in surgery], marker=".", label=label)
+        ax_surgery.axhline(0, color="grey", linewidth=0.8)
+        ax_surgery.set_xlabel("optimizer step")
+        ax_surgery.set_title("Gradient surgery")
+        ax_surgery.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(record: UnlearnRecord, output_dir: str) -> dict[str, str]:
+    """Write report.json (the record), report.md and training_curves.png into ``output_dir``; return their paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    paths = {"json": os.path.join(output_dir, "report.json"), "markdown": os.path.join(output_dir, "report.md")}
+    with open(paths["json"], "w") as f:
+        json.dump(record.to_dict(), f, indent=2)
+    with open(paths["markdown"], "w") as f:
+        f.write(report_markdown(record))
+    calibrated = record.hyperparameters.get("stop_target") == "calibration"
+    plot = plot_history(
+        record.probe_history,
+        os.path.join(output_dir, "training_curves.png"),
+        None if calibrated else record.hyperparameters.get("stop_alpha"),
+        record.surgery_history,
+        record.hyperparameters.get("calibration_slack") if calibrated else None,
+    )
+    if plot:
+        paths["plot"] = plot
+    return paths
+
+
+def evaluation_markdown(result: dict[str, Any]) -> str:
+    """A short Markdown summary of :func:`evaluate_benchmark`'s (or :func:`evaluate_unlearning`'s) result."""
+
+    lines = [f"# Evaluation of {result.get('model', 'the model')}", ""]
+    data = result.get("data")
+    if data:
+        lines += ["Evaluated on: " + "; ".join(f"{name}: {what}" for name, what in data.items()), ""]
+    lines += [f"> Warning: {warning}" for warning in result.get("warnings") or []]
+    if result.get("warnings"):
+        lines.append("")
+    if "forget" in result:
+        lines += ["| set | ROUGE-L recall | probability | exact match | truth ratio |", "|---|---|---|---|---|"]
+        for name, metrics in result.items():
+            if isinstance(metrics, dict) and "rouge_l_recall" in metrics:
+                lines.append(
+                    f"| {name} | {_fmt4(metrics['rouge_l_recall'])} | {_fmt4(metrics['probability'])} | "
+                    f"{_fmt4(metrics['exact_match'])} | {_fmt4(metrics.get('truth_ratio'))} |"
+                )
+        lines += [
+            "",
+            f"- Forget quality (KS p-value vs the retain-only model): {_fmt4(result.get('forget_quality'))}",
+            f"- Model utility (harmonic mean of retain metrics): {_fmt4(result.get('model_utility'))}",
+            f"- Exact-reproduction bound (MASC Proposition 1): {_fmt4(result.get('exact_reproduction_bound'))} "
+            f"(measured exact match {_fmt4(result['forget'].get('exact_match'))})",
+            "",
+        ]
+    muse = result.get("muse")
+    if muse:
+        lines += ["## MUSE", "", "| metric | value |", "|---|---|"]
+        for key in ("verbmem_forget", "knowmem_forget", "knowmem_retain"):
+            if key in muse:
+                lines.append(f"| {key} (ROUGE-L F1) | {_fmt4(muse[key])} |")
+        for attack, auc in (muse.get("auc") or {}).items():
+            leak = (muse.get("privleak") or {}).get(attack)
+            lines.append(f"| membership AUC, {attack} | {_fmt4(auc)} |")
+            lines.append(f"| PrivLeak, {attack} (%) | {_fmt4(leak)} |")
+        if muse.get("auc"):
+            lines += [
+                "",
+                "Membership AUC is MUSE's: P(a never-seen text scores as more familiar than a forget text); 0.5 is "
+                "chance. PrivLeak is its change against the model trained without the forget set, in %: about 0 is "
+                "what retraining gives, strongly negative means the forget set is still recognisable "
+                "(under-unlearning), positive that it looks less familiar than never-seen text (over-unlearning).",
+            ]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _fmt4(value: Any) -> str:
+    return format_value(value, ".4g")

@@ -1,0 +1,58 @@
+"""Does the forgetting hold? 4-bit/8-bit reloads (:mod:`.quantize`), the relearning attack (:mod:`.relearn`) and the
+audit that runs them with the membership attacks (:mod:`.audit`)."""
+
+from .audit import (
+    PRIMARY_ATTACK,
+    PRIVLEAK_TOLERANCE,
+    audit_markdown,
+    audit_record_fields,
+    membership_check,
+    run_audit,
+)
+from .quantize import (
+    CPU_PACKING_IN_MULTIPLE,
+    CPU_PACKING_OUT_MULTIPLE,
+    CPU_PACKING_REASON,
+    QUANTIZATION_MODES,
+    RETURN_THRESHOLD,
+    check_quantization_robustness,
+    keep_4bit_layers_trainable,
+    modules_to_keep_for_cpu,
+    quantization_config,
+    quantization_table,
+    repacks_4bit_on_this_cpu,
+    save_for_quantization,
+)
+from .relearn import (
+    RELEARN_THRESHOLD,
+    check_relearning_robustness,
+    relearning_curve,
+    relearning_table,
+    split_for_relearning,
+)
+
+__all__ = [
+    "CPU_PACKING_IN_MULTIPLE",
+    "CPU_PACKING_OUT_MULTIPLE",
+    "CPU_PACKING_REASON",
+    "PRIMARY_ATTACK",
+    "PRIVLEAK_TOLERANCE",
+    "QUANTIZATION_MODES",
+    "RELEARN_THRESHOLD",
+    "RETURN_THRESHOLD",
+    "audit_markdown",
+    "audit_record_fields",
+    "check_quantization_robustness",
+    "check_relearning_robustness",
+    "keep_4bit_layers_trainable",
+    "membership_check",
+    "modules_to_keep_for_cpu",
+    "quantization_config",
+    "quantization_table",
+    "relearning_curve",
+    "relearning_table",
+    "repacks_4bit_on_this_cpu",
+    "run_audit",
+    "save_for_quantization",
+    "split_for_relearning",
+]

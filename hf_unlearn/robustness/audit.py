@@ -1,0 +1,168 @@
+"""One robustness audit of an unlearned model: does the forgetting survive 4-bit quantization, a relearning attack,
+and membership attacks? Each part stays callable on its own (:mod:`hf_unlearn.quantize`, :mod:`hf_unlearn.relearn`,
+:mod:`hf_unlearn.membership`); this module runs them together and states one verdict per check with its threshold.
+
+Thresholds (documented, and written next to each verdict):
+
+* quantization: a forget ROUGE-L recall or exact match that rises by more than
+  :data:`hf_unlearn.quantize.RETURN_THRESHOLD` after a reload in that mode (Zhang et al., ICLR 2025);
+* relearning: the measured forget answers end more than :data:`hf_unlearn.relearn.RELEARN_THRESHOLD` ROUGE-L above
+  a reference relearned the same way (or above the model's own start without a reference);
+* membership: MUSE's PrivLeak (Min-K%, the attack MUSE reports) outside +-:data:`PRIVLEAK_TOLERANCE` % of the
+  model trained without the forget set: below is under-unlearning (the forget set is still recognised), above is
+  over-unlearning. Without a reference model there is no PrivLeak: the AUCs are reported and the verdict is
+  ``"no reference"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+#: |PrivLeak| (in %) within which the forget set counts as "as unfamiliar as for retraining".
+PRIVLEAK_TOLERANCE = 20.0
+PRIMARY_ATTACK = "min_k"
+
+
+def membership_check(
+    model: Any,
+    tokenizer: Any,
+    forget_records: Any,
+    holdout_records: Any,
+    reference_model: Any = None,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """The membership attacks on forget vs holdout answers (given their questions), AUC per attack and, with a
+    reference model, PrivLeak per attack and the verdict on :data:`PRIMARY_ATTACK`."""
+    from ..evaluation.suites import evaluate_muse, qa_evaluation_sets
+
+    sets = qa_evaluation_sets(tokenizer, forget_records, None, holdout_records, prompt_template)
+    privleak_sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
+    retrained = None
+    if reference_model is not None:
+        retrained = evaluate_muse(reference_model, tokenizer, privleak_sets, attack_reference_model=reference_model)
+    measured = evaluate_muse(
+        model,
+        tokenizer,
+        privleak_sets,
+        retrained_auc=retrained["auc"] if retrained else None,
+        attack_reference_model=reference_model,
+    )
+    result: dict[str, Any] = {"auc": measured["auc"], "privleak": measured["privleak"]}
+    if retrained:
+        result["reference_auc"] = retrained["auc"]
+        leak = measured["privleak"][PRIMARY_ATTACK]
+        result["verdict"] = (
+            "undefined (the reference's AUC is 0)"
+            if math.isnan(leak)
+            else "under-unlearned"
+            if leak < -PRIVLEAK_TOLERANCE
+            else "over-unlearned"
+            if leak > PRIVLEAK_TOLERANCE
+            else "like retraining"
+        )
+    else:
+        result["verdict"] = "no reference"
+    return result
+
+
+def run_audit(
+    model: Any,
+    tokenizer: Any,
+    forget_records: Any,
+    retain_records: Any | None = None,
+    holdout_records: Any | None = None,
+    reference_model: Any = None,
+    target_model: Any = None,
+    modes: Sequence[str] = ("nf4",),
+    relearn_steps: int = 20,
+    relearn_learning_rate: float = 1e-4,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """Quantization, relearning and (with ``holdout_records``) membership checks of ``model`` (never modified), and
+    a verdict per check: ``{"quantization", "relearning", "membership", "verdicts"}``."""
+    from .quantize import RETURN_THRESHOLD, check_quantization_robustness
+    from .relearn import RELEARN_THRESHOLD, check_relearning_robustness
+
+    quantization = check_quantization_robustness(
+        model, tokenizer, forget_records, retain_records, modes=tuple(modes), prompt_template=prompt_template
+    )
+    relearning = check_relearning_robustness(
+        model,
+        tokenizer,
+        forget_records,
+        reference_model=reference_model,
+        target_model=target_model,
+        steps=relearn_steps,
+        learning_rate=relearn_learning_rate,
+        prompt_template=prompt_template,
+    )
+    came_back = [mode for mode in modes if quantization[mode]["knowledge_returned"]]
+    verdicts = {
+        "quantization": {
+            "passed": not came_back,
+            "finding": f"forgotten knowledge came back after {', '.join(came_back)}" if came_back else "held",
+            "threshold": f"forget ROUGE-L or exact match rising by more than {RETURN_THRESHOLD}",
+        },
+        "relearning": {
+            "passed": not relearning["knowledge_returned"],
+            "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L against {relearning['compared_with']} "
+            f"after {relearn_steps} steps",
+            "threshold": f"more than +{RELEARN_THRESHOLD} ROUGE-L",
+        },
+    }
+    result: dict[str, Any] = {"quantization": quantization, "relearning": relearning, "verdicts": verdicts}
+    if holdout_records is not None:
+        membership = membership_check(
+            model, tokenizer, forget_records, holdout_records, reference_model, prompt_template
+        )
+        result["membership"] = membership
+        leak = (membership.get("privleak") or {}).get(PRIMARY_ATTACK)
+        verdicts["membership"] = {
+            "passed": membership["verdict"] == "like retraining"
+            if leak is not None and not math.isnan(leak)
+            else None,
+            "finding": membership["verdict"]
+            + (f" (PrivLeak {leak:+.1f}%)" if leak is not None else f" (AUC {membership['auc'][PRIMARY_ATTACK]:.3f})"),
+            "threshold": f"Min-K% PrivLeak within +-{PRIVLEAK_TOLERANCE:g}% of retraining",
+        }
+    return result
+
+
+def audit_record_fields(audit: dict[str, Any]) -> dict[str, Any]:
+    """What an audit adds to a run record (:class:`hf_unlearn.record.UnlearnRecord` fields)."""
+    return {
+        "quantization": audit["quantization"],
+        "relearning": audit["relearning"],
+        "audit": {"verdicts": audit["verdicts"], "membership": audit.get("membership")},
+    }
+
+
+def audit_markdown(audit: dict[str, Any]) -> str:
+    """The verdict table, then each check's own table."""
+    from .quantize import quantization_table
+    from .relearn import relearning_table
+
+    lines = ["| check | result | finding | threshold |", "|---|---|---|---|"]
+    for check, verdict in audit["verdicts"].items():
+        status = {True: "passed", False: "FAILED", None: "not judged"}[verdict["passed"]]
+        lines.append(f"| {check} | {status} | {verdict['finding']} | {verdict['threshold']} |")
+    lines += ["", "### Quantization", "", quantization_table(audit["quantization"]), ""]
+    lines += ["### Relearning", "", relearning_table(audit["relearning"]), ""]
+    membership = audit.get("membership")
+    if membership:
+        lines += ["### Membership attacks (MUSE's orientation: AUC 0 = forget set recognised, 0.5 = chance)", ""]
+        lines += ["| attack | AUC | reference AUC | PrivLeak (%) |", "|---|---|---|---|"]
+        for attack, auc in membership["auc"].items():
+            reference = (membership.get("reference_auc") or {}).get(attack)
+            leak = (membership.get("privleak") or {}).get(attack)
+            lines.append(
+                f"| {attack} | {auc:.3f} | {'-' if reference is None else f'{reference:.3f}'} | "
+                f"{'-' if leak is None else f'{leak:+.1f}'} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+__all__ = ["PRIVLEAK_TOLERANCE", "audit_markdown", "audit_record_fields", "membership_check", "run_audit"]

@@ -1,0 +1,249 @@
+"""Does the forgetting survive quantization? Reload the unlearned model in 4-bit and 8-bit and measure again.
+
+Zhang et al., "Catastrophic Failure of LLM Unlearning via Quantization" (ICLR 2025): after 4-bit quantization,
+knowledge that GA/NPO-style methods had "forgotten" came back (21% -> 83% retained in their study), because the
+unlearning update was smaller than the quantization step. This module re-runs the forget and retain metrics on
+NF4, FP4 and 8-bit reloads (bitsandbytes) and flags a forget metric that moved back towards the original.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers.utils import logging
+
+from ..evaluation.metrics import evaluate_qa
+
+logger = logging.get_logger(__name__)
+
+QUANTIZATION_MODES = ("nf4", "fp4", "int8")
+# A forget metric that rises by more than this after quantization counts as knowledge coming back.
+RETURN_THRESHOLD = 0.05
+# bitsandbytes' 4-bit inference layout for CPUs with AVX-512 BF16 packs output features in blocks of 32 and regroups
+# each row's quantization scales, one per block of 64 input features (its 4-bit blocksize); it converts at the first
+# eval-mode forward without gradients and fails there on any other shape (bitsandbytes 0.49-0.50).
+CPU_PACKING_OUT_MULTIPLE = 32
+CPU_PACKING_IN_MULTIPLE = 64
+CPU_PACKING_REASON = (
+    f"bitsandbytes' 4-bit CPU kernel for AVX-512 BF16 needs out features in multiples of {CPU_PACKING_OUT_MULTIPLE} "
+    f"and in features in multiples of {CPU_PACKING_IN_MULTIPLE}"
+)
+
+
+def quantization_config(mode: str, skip_modules: list[str] | None = None) -> Any:
+    """bitsandbytes' config for ``mode``; ``skip_modules`` (full module names) stay in full precision, in place of
+    transformers' default list (the output embedding), so pass that too (:func:`modules_to_keep_for_cpu`)."""
+    from transformers import BitsAndBytesConfig
+
+    if mode in ("nf4", "fp4"):
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type=mode,
+            bnb_4bit_compute_dtype=torch.float32,
+            llm_int8_skip_modules=skip_modules,
+        )
+    if mode == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"Unknown quantization mode {mode!r}; choose from {QUANTIZATION_MODES}.")
+
+
+def repacks_4bit_on_this_cpu() -> bool:
+    """Whether bitsandbytes repacks 4-bit weights into its AVX-512 BF16 inference layout on this CPU."""
+    try:
+        from bitsandbytes.functional import has_avx512bf16
+    except ImportError:  # no bitsandbytes, or one without that kernel
+        return False
+    return bool(has_avx512bf16())
+
+
+def modules_to_keep_for_cpu(config: Any) -> tuple[list[str], dict[str, list[int]]]:
+    """For a model of ``config`` quantized to 4 bits on this CPU: the modules to keep in full precision, and of those
+    the ones kept only because their shape does not fit bitsandbytes' CPU layout (``{name: [out, in]}``).
+
+    On a CPU with AVX-512 BF16, bitsandbytes fails (``N must be divisible by block_n``, or a reshape error) in the
+    first forward of a layer whose shape its inference layout cannot hold (:data:`CPU_PACKING_REASON`); such layers
+    are kept in full precision through bitsandbytes' own skip list. Elsewhere (other CPUs, GPUs) nothing is added to
+    transformers' default list. The names come from the model built on the meta device (no weights are read)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+    from transformers.quantizers.base import get_keys_to_not_convert
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    default = get_keys_to_not_convert(model)
+    unfit: dict[str, list[int]] = {}
+    if repacks_4bit_on_this_cpu():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                out_features, in_features = module.out_features, module.in_features
+            elif isinstance(module, Conv1D):  # GPT-2's transposed linear layers
+                in_features, out_features = module.weight.shape
+            else:
+                continue
+            kept = any(name == key or name.startswith(key + ".") for key in default)
+            if not kept and (out_features % CPU_PACKING_OUT_MULTIPLE or in_features % CPU_PACKING_IN_MULTIPLE):
+                unfit[name] = [out_features, in_features]
+    return sorted(set(default) | set(unfit)), unfit
+
+
+def keep_4bit_layers_trainable(model: Any) -> int:
+    """Stop bitsandbytes' CPU inference repacking of 4-bit weights, and undo it where it already happened.
+
+    On CPUs with AVX512-BF16, bitsandbytes (0.50) repacks a ``Linear4bit`` weight into an inference-only layout on
+    the first forward in eval mode (a probe, an evaluation, the reference pass); its kernel has no backward, so
+    every later training step would silently get no gradient through those layers (QLoRA adapters below them stop
+    learning). Returns the number of layers touched.
+    """
+    touched = 0
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        state = getattr(module.weight, "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
+                module.weight.data, state
+            )
+        touched += 1
+    return touched
+
+
+def save_for_quantization(model: Any, path: str) -> str:
+    """Save a full-precision copy that bitsandbytes can reload: LoRA adapters merged into the base first."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(path)
+    return path
+
+
+def check_quantization_robustness(
+    model_or_path: Any,
+    tokenizer: Any,
+    forget_records: Any,
+    retain_records: Any | None = None,
+    modes: tuple[str, ...] = QUANTIZATION_MODES,
+    full_precision: dict | None = None,
+    prompt_template: str | None = None,
+) -> dict:
+    """Measure forget/retain metrics in full precision and after each quantization ``mode``, with the questions in
+    ``prompt_template`` (the format of fine-tuning, :mod:`hf_unlearn.prompts`).
+
+    Returns ``{"full_precision": {...}, "nf4": {"forget": ..., "retain": ..., "change": ..., "knowledge_returned":
+    bool, "quantized_layers": int}, ...}``; ``change`` is quantized minus full precision for every metric.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as scratch:
+        if isinstance(model_or_path, str | os.PathLike):
+            path = str(model_or_path)
+            reference_model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        else:
+            reference_model = model_or_path
+            path = save_for_quantization(model_or_path, os.path.join(scratch, "model"))
+        if full_precision is None:
+            full_precision = _measure(reference_model, tokenizer, forget_records, retain_records, prompt_template)
+        result: dict[str, Any] = {"full_precision": full_precision}
+        saved_config = AutoConfig.from_pretrained(path)
+        skip, unfit = modules_to_keep_for_cpu(saved_config)
+        # bitsandbytes quantizes 16- and 32-bit weights; a float64 model is quantized from its float32 rounding.
+        load_dtype = {"dtype": torch.float32} if _saved_dtype(saved_config) == torch.float64 else {}
+        if unfit and any(mode in ("nf4", "fp4") for mode in modes):
+            logger.warning(
+                f"Quantization check: {len(unfit)} layer(s) stay in full precision in the 4-bit models on this CPU, "
+                f"because {CPU_PACKING_REASON}: "
+                + ", ".join(f"{name} ({out} x {inp})" for name, (out, inp) in unfit.items())
+                + ". On a GPU or a CPU without AVX-512 BF16 they are quantized too."
+            )
+        for mode in modes:
+            four_bit = mode in ("nf4", "fp4")
+            with _quiet_8bit_casts():
+                quantized = AutoModelForCausalLM.from_pretrained(
+                    path,
+                    quantization_config=quantization_config(mode, skip if four_bit and unfit else None),
+                    device_map="cpu",
+                    **load_dtype,
+                )
+                layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
+                measured = _measure(quantized, tokenizer, forget_records, retain_records, prompt_template)
+            change = {
+                side: {
+                    k: measured[side][k] - full_precision[side][k]
+                    for k in ("rouge_l_recall", "probability", "exact_match")
+                }
+                for side in measured
+            }
+            returned = any(change["forget"][k] > RETURN_THRESHOLD for k in ("rouge_l_recall", "exact_match"))
+            result[mode] = {**measured, "change": change, "knowledge_returned": returned, "quantized_layers": layers}
+            if four_bit and unfit:
+                result[mode]["kept_in_full_precision"] = {"modules": unfit, "reason": CPU_PACKING_REASON}
+            del quantized
+    return result
+
+
+def _saved_dtype(config: Any) -> torch.dtype | None:
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+@contextmanager
+def _quiet_8bit_casts() -> Iterator[None]:
+    """bitsandbytes warns at every 8-bit matmul that it casts float32 inputs to float16, as expected here: silence
+    its logger for the check only, and give it back its level afterwards."""
+    import logging as std_logging
+
+    bnb_logger = std_logging.getLogger("bitsandbytes")
+    level = bnb_logger.level
+    bnb_logger.setLevel(std_logging.ERROR)
+    try:
+        yield
+    finally:
+        bnb_logger.setLevel(level)
+
+
+def _measure(
+    model: Any, tokenizer: Any, forget_records: Any, retain_records: Any | None, prompt_template: str | None
+) -> dict:
+    measured = {"forget": evaluate_qa(model, tokenizer, forget_records, prompt_template=prompt_template)}
+    if retain_records is not None:
+        measured["retain"] = evaluate_qa(model, tokenizer, retain_records, prompt_template=prompt_template)
+    return measured
+
+
+def quantization_table(result: dict) -> str:
+    """Markdown table: each metric in full precision and after each mode, with the change."""
+    modes = [m for m in result if m != "full_precision"]
+    lines = [
+        "| split | metric | full precision | " + " | ".join(modes) + " |",
+        "|---|---|---|" + "---|" * len(modes),
+    ]
+    for side in result["full_precision"]:
+        for metric in ("rouge_l_recall", "probability", "exact_match"):
+            cells = [f"{result[m][side][metric]:.3f} ({result[m]['change'][side][metric]:+.3f})" for m in modes]
+            lines.append(
+                f"| {side} | {metric} | {result['full_precision'][side][metric]:.3f} | " + " | ".join(cells) + " |"
+            )
+    kept = next((result[m]["kept_in_full_precision"] for m in modes if "kept_in_full_precision" in result[m]), None)
+    if kept:
+        names = ", ".join(f"`{name}` ({out} x {inp})" for name, (out, inp) in kept["modules"].items())
+        lines += ["", f"In the 4-bit models, {len(kept['modules'])} layer(s) stayed in full precision: {names}; "
+                  f"{kept['reason']}."]  # fmt: skip
+    flagged = [m for m in modes if result[m]["knowledge_returned"]]
+    lines.append("")
+    lines.append(
+        f"Forgotten knowledge came back after: {', '.join(flagged)}."
+        if flagged
+        else "No forgotten knowledge came back after quantization (forget ROUGE-L / exact match within "
+        f"+{RETURN_THRESHOLD})."
+    )
+    return "\n".join(lines)

@@ -1,0 +1,20 @@
+"""The LoRA adapter the commands and the embedded benchmarks build (PEFT's ``LoraConfig``): alpha = 2 r, as in the MASC
+reference runs (r 16, alpha 32, dropout 0.05 on q, k, v, o; arXiv 2606.02920 §5)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def lora_config(rank: int, target_modules: Any = DEFAULT_LORA_TARGETS, dropout: float = 0.05) -> Any:
+    """A causal-LM LoRA adapter of ``rank`` on ``target_modules`` (a list of names, or ``"all-linear"``), or ``None``
+    for full fine-tuning (rank 0). ``dropout`` 0 keeps training-mode forwards deterministic (the running probe needs
+    that)."""
+    if rank <= 0:
+        return None
+    from peft import LoraConfig
+
+    modules = list(target_modules) if isinstance(target_modules, (list, tuple)) else target_modules
+    return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, target_modules=modules, task_type="CAUSAL_LM")

@@ -1,0 +1,297 @@
+"""The MASC online stopping rule and the utility floor, as a `TrainerCallback` whose state travels with checkpoints."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import ExportableState, PrinterCallback, ProgressCallback
+from transformers.utils import logging
+
+from ..objectives.margin import hoeffding_upper_bound
+
+logger = logging.get_logger(__name__)
+
+# A probe returns at least {"violation_rate": float, "num_examples": int}; with the calibrated target also
+# "calibration_gap", with the utility floor "retain_probability"; other numbers are recorded too.
+Probe = Callable[[], dict[str, float]]
+STOPPING_TARGETS = ("alpha", "calibration")
+
+
+class ViolationStoppingCallback(TrainerCallback, ExportableState):
+    """Probe every ``probe_interval`` optimizer steps; stop at the first probe that meets the target, or as a failure
+    when the retain side falls through the utility floor.
+
+    MASC §3 stopping rule: the violation rate is the mean over probe examples of the fraction of answer tokens
+    whose restricted margin exceeds tau; the run stops at the first probe where it is <= ``alpha``. With
+    ``hoeffding=True`` its one-sided Hoeffding upper bound ``rate + sqrt(log(1/delta_j) / 2n)``, ``delta_j = 6 delta /
+    (pi^2 (j+1)^2)``, must be instead. With ``target="calibration"`` (beyond the paper) the run stops once the forget
+    answers look no more familiar to the model than data of the same kind it never trained on (the calibration set,
+    measured under the current model at the same probe): the calibration gap, the mean excess of the forget set's
+    sorted margins over the never-seen margins at the same quantiles (:func:`~hf_unlearn.margin.calibration_gap`),
+    is <= ``calibration_slack`` logits.
+
+    Utility floor: when the retain answer probability at a probe is below ``utility_floor`` times its value at the
+    start of training, the run stops as a failure (``stop_kind == "utility_floor"``), whatever the forget side says.
+
+    With ``stop=False`` it only measures and records (and still notes the first probe that met the target).
+    The probe and the state hooks are supplied by the trainer with :meth:`bind`; the counters below are exported
+    to ``trainer_state.json`` in each checkpoint and restored on ``resume_from_checkpoint``.
+    """
+
+    def __init__(
+        self,
+        alpha: float,
+        probe_interval: int,
+        stop: bool = True,
+        hoeffding: bool = False,
+        hoeffding_delta: float = 0.05,
+        target: str = "alpha",
+        calibration_slack: float = 0.0,
+        utility_floor: float | None = None,
+    ) -> None:
+        if target not in STOPPING_TARGETS:
+            raise ValueError(f"target must be one of {STOPPING_TARGETS}, got {target!r}.")
+        self.alpha = alpha
+        self.probe_interval = probe_interval
+        self.stop = stop
+        self.hoeffding = hoeffding
+        self.hoeffding_delta = hoeffding_delta
+        self.target = target
+        self.calibration_slack = calibration_slack
+        self.utility_floor = utility_floor
+        self.probes_done = 0
+        self.last_violation_rate: float | None = None
+        self.stop_step: int | None = None
+        self.stop_kind: str | None = None
+        self.first_target_step: int | None = None
+        self.start_retain_probability: float | None = None
+        self.history: list[dict[str, float]] = []
+        # Statistics the probe accumulates between probes (the trainer's running rates), saved with checkpoints so
+        # that a resumed run's next probe measures what the uninterrupted run's would have.
+        self.running_sums: dict[str, list[float]] | None = None
+        self._probe: Probe | None = None
+        self._hooks: dict[str, Callable[[int], None]] = {}
+        self._export_running: Callable[[], dict[str, list[float]]] | None = None
+
+    def bind(
+        self,
+        probe: Probe,
+        on_good_state: Callable[[int], None] | None = None,
+        on_target: Callable[[int], None] | None = None,
+        on_failure: Callable[[int], None] | None = None,
+        export_running: Callable[[], dict[str, list[float]]] | None = None,
+    ) -> None:
+        """Give the callback the function that measures the current model, and what to call (with the step) at a
+        probe that passed the floor, at the first probe that met the target, and when the floor is crossed;
+        ``export_running`` returns the probe's running sums when a checkpoint is saved."""
+        self._probe = probe
+        self._export_running = export_running
+        self._hooks = {
+            name: hook
+            for name, hook in (("good", on_good_state), ("target", on_target), ("failure", on_failure))
+            if hook is not None
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "args": {
+                "alpha": self.alpha,
+                "probe_interval": self.probe_interval,
+                "stop": self.stop,
+                "hoeffding": self.hoeffding,
+                "hoeffding_delta": self.hoeffding_delta,
+                "target": self.target,
+                "calibration_slack": self.calibration_slack,
+                "utility_floor": self.utility_floor,
+            },
+            "attributes": {
+                "probes_done": self.probes_done,
+                "last_violation_rate": self.last_violation_rate,
+                "stop_step": self.stop_step,
+                "stop_kind": self.stop_kind,
+                "first_target_step": self.first_target_step,
+                "start_retain_probability": self.start_retain_probability,
+                "history": self.history,
+                "running_sums": self._export_running() if self._export_running is not None else None,
+            },
+        }
+
+    @property
+    def stopped_early(self) -> bool:
+        """Stopped by the rule, having reached the target (not by the utility floor)."""
+        return self.stop_kind == "target"
+
+    def threshold(self, measured: dict[str, float]) -> float:
+        """What the decisive statistic (violation rate, or calibration gap) must reach at this probe."""
+        return self.calibration_slack if self.target == "calibration" else self.alpha
+
+    def statistic(self, measured: dict[str, float], bound: float) -> float:
+        if self.target == "calibration":
+            return float(measured["calibration_gap"])
+        return bound if self.hoeffding else float(measured["violation_rate"])
+
+    def _call(self, hook: str, step: int) -> None:
+        if hook in self._hooks:
+            self._hooks[hook](step)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        """Record the start point (step 0) for the curves and the utility floor; it is not a stopping decision."""
+        if self.probe_interval > 0 and state.global_step == 0 and not self.history and self._probe is not None:
+            measured = self._probe()
+            self.history.append({"step": 0, **measured, "stop_threshold": self.threshold(measured)})
+            self.start_retain_probability = measured.get("retain_probability")
+        if self.stop_step is None:
+            self._call("good", state.global_step)  # the state training starts (or resumes) from
+        return control
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        if self.stop_step is not None:  # resumed from a checkpoint taken after the stop
+            control.should_training_stop = True
+            return control
+        if self.probe_interval <= 0 or state.global_step % self.probe_interval != 0:
+            return control
+        if self._probe is None:
+            raise RuntimeError("ViolationStoppingCallback has no probe: the trainer must call bind() first.")
+        measured = self._probe()
+        rate = float(measured["violation_rate"])
+        threshold = self.threshold(measured)
+        bound = hoeffding_upper_bound(rate, int(measured["num_examples"]), self.probes_done, self.hoeffding_delta)
+        entry = {"step": state.global_step, **measured, "violation_upper_bound": bound, "stop_threshold": threshold}
+        self.history.append(entry)
+        self.probes_done += 1
+        self.last_violation_rate = rate
+        step = state.global_step
+        retain = measured.get("retain_probability")
+        if self.utility_floor and self.start_retain_probability and retain is not None:
+            floor = self.utility_floor * self.start_retain_probability
+            if not retain >= floor:  # also catches NaN
+                self.stop_step, self.stop_kind = step, "utility_floor"
+                control.should_training_stop = True
+                control.should_log = True
+                logger.warning(
+                    f"Unlearning failed at step {step}: the retain answer probability fell to {retain:.4g}, under the "
+                    f"utility floor {floor:.4g} ({self.utility_floor:g} x its start value "
+                    f"{self.start_retain_probability:.4g}). Training stopped; lower the learning rate or the forget "
+                    "weight."
+                )
+                self._call("failure", step)
+                return control
+        statistic = self.statistic(measured, bound)
+        met = statistic <= threshold
+        if met and self.first_target_step is None:
+            self.first_target_step = step
+            self._call("target", step)
+        if self.stop and met:
+            self.stop_step, self.stop_kind = step, "target"
+            control.should_training_stop = True
+            control.should_log = True
+            if self.target == "calibration":
+                measure = "calibration gap (logits above never-seen data)"
+            else:
+                measure = "upper bound of the violation rate" if self.hoeffding else "violation rate"
+            logger.info(
+                f"Unlearning target reached at step {step}: forget {measure} {statistic:.3f} <= {threshold:.3f}, "
+                f"violation rate {rate:.3f}"
+                + (f", retain answer probability {retain:.3f}." if retain is not None else ".")
+            )
+            return control
+        self._call("good", step)
+        return control
+
+
+class ObjectiveStateCallback(TrainerCallback, ExportableState):
+    """State that objectives keep across optimizer steps (PDU's dual variable), saved with every checkpoint and
+    restored on resume. ``states`` maps an objective's name to its state dict; after each optimizer step the
+    trainer-bound update of every stateful objective runs (:meth:`bind`)."""
+
+    def __init__(self, states: dict[str, dict[str, Any]] | None = None) -> None:
+        self.states = states or {}
+        self._update: Any = None
+
+    def bind(self, update: Any) -> None:
+        """``update(states, step)``: the trainer's function that advances every objective's state."""
+        self._update = update
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self._update is not None:
+            self._update(self.states, state.global_step)
+        return control
+
+    def view(self, name: str, writable: bool) -> dict[str, Any] | None:
+        """The objective ``name``'s state as its loss reads it: the state itself while training (the loss adds what
+        the next update consumes), else (evaluate()) a copy without the work in progress."""
+        state = self.states.get(name)
+        if state is None or writable:
+            return state
+        return {key: value for key, value in state.items() if not key.startswith("_")}
+
+    def state(self) -> dict[str, Any]:
+        # Keys starting with "_" hold work in progress (tensors), not state.
+        saved = {
+            name: {key: value for key, value in values.items() if not key.startswith("_")}
+            for name, values in self.states.items()
+        }
+        return {"args": {}, "attributes": {"states": saved}}
+
+
+class QuietProgressCallback(ProgressCallback):
+    """Trainer's progress bar without a printed line per log (the logs still reach ``state.log_history`` and every
+    reporting integration): for the learn stages of the embedded benchmarks, whose bar is the run's one bar."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return None
+
+
+class StageProgressCallback(TrainerCallback):
+    """Training progress shown in the postfix of the run's own progress bar (``bar``, a tqdm) rather than in a bar
+    of Trainer's nested inside it: ``"<label>: step 20/500"``."""
+
+    def __init__(self, bar: Any, label: str) -> None:
+        self.bar = bar
+        self.label = label
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.is_local_process_zero:
+            self.bar.set_postfix_str(f"{self.label}: step {state.global_step}/{state.max_steps}")
+
+
+def report_progress_in(trainer: Any, bar: Any, label: str) -> None:
+    """Let ``trainer`` show its progress in ``bar`` only: Trainer's own bar (or, with ``disable_tqdm``, its printed
+    line per log) is removed."""
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    trainer.add_callback(StageProgressCallback(bar, label))
+
+
+def advance_objective_states(
+    objectives: Any, states: dict[str, dict[str, Any]], args: Any, step: int, accelerator: Any, items_are_global: bool
+) -> None:
+    """Each stateful objective's ``update_state`` after an optimizer step (PDU's dual ascent), with its measured value
+    combined over processes: summed when the item counts were summed over processes (each process's value is then its
+    share of the global mean, ``average_tokens_across_devices``), else averaged."""
+
+    def across_processes(value: Any) -> float:
+        if accelerator.num_processes > 1:
+            value = accelerator.reduce(value.to(args.device), reduction="sum" if items_are_global else "mean")
+        return float(value)
+
+    for objective in objectives:
+        if objective.update_state is not None and objective.name in states:
+            objective.update_state(states[objective.name], args, step, across_processes)
+
+
+class RetainPairingCallback(TrainerCallback):
+    """Tell the paired forget/retain dataset which epoch it is in, so retain pairs rotate deterministically."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.set_epoch(math.floor(state.epoch + 1e-9) if state.epoch else 0)

@@ -1,0 +1,589 @@
+"""`UnlearnConfig`: the training arguments of `UnlearnTrainer` (TRL's `XxxConfig(TrainingArguments)` pattern)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import TrainingArguments
+from transformers.utils import logging
+
+from ..objectives.margin import COMPETITOR_SOURCES, threshold_from_probability
+from ..surgery.combine import STRATEGIES
+
+logger = logging.get_logger(__name__)
+
+# method -> (forget objective, retain objective); "none" means no retain term.
+METHODS: dict[str, tuple[str, str]] = {
+    "masc": ("masc", "kl"),
+    "ga": ("ga", "none"),
+    "graddiff": ("ga", "nll"),
+    "npo": ("npo", "none"),
+    "npo_klr": ("npo", "kl"),
+    "simnpo": ("simnpo", "nll"),
+    "rmu": ("rmu", "rmu_retain"),
+    "idk_dpo": ("idk_dpo", "nll"),
+    "undial": ("undial", "nll"),
+    "wga": ("wga", "nll"),
+    "satimp": ("satimp", "nll"),
+    "ce_u": ("ce_u", "none"),
+    "altpo": ("altpo", "nll"),
+    "pdu": ("pdu", "pdu_dual"),
+}
+# Forget weights (gamma) where a method's paper uses something else than 1: MASC's lambda_forget (TOFU/Qwen
+# row of arXiv 2606.02920) and SimNPO's gamma (arXiv 2410.07163).
+DEFAULT_FORGET_WEIGHTS = {"masc": 0.1, "simnpo": 0.125}
+# Retain weights other than 1: SatImp's reference code adds 0.1 x retain NLL (tmlr-group/SatImp, coeff 0.1; the
+# open-unlearning YAML has forget 0.1 and retain 1 instead, its README and Python defaults agree with the paper's).
+DEFAULT_RETAIN_WEIGHTS = {"satimp": 0.1}  # keyed, like the forget weights, by the forget objective
+DEFAULT_REFUSALS = (
+    "I don't know.",
+    "I'm not sure about that.",
+    "I have no information about that.",
+    "That is something I cannot answer.",
+)
+STOP_PROBES = ("train", "holdout")
+FORGET_SCORINGS = ("answer", "continuation")
+STOP_TARGETS = ("auto", "alpha", "calibration")
+MASC_THRESHOLDS = ("auto", "rho", "calibration")
+
+
+def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
+    """The one message for gradient surgery under a backend whose gradients it cannot reach tensor by tensor."""
+    why = {
+        "DeepSpeed": "DeepSpeed ZeRO moves every gradient into its own flat, partitioned buffers during the backward "
+        "(param.grad stays empty), so the forget and the retain gradient cannot be kept apart per tensor",
+        "FSDP1": "FSDP1 flattens each wrapped module's parameters into one FlatParameter, so per-tensor (per-module) "
+        "dot products and norms are not available",
+    }[backend]
+    return ValueError(
+        f"gradient_surgery={strategy!r} is not available with {backend}: {why}. Use FSDP2 (fsdp_config "
+        "{'version': 2}, the default of transformers 5; surgery is combined shard by shard there), DDP (plain "
+        "`accelerate launch` or torchrun), or gradient_surgery='sum'."
+    )
+
+
+def _fsdp_version(fsdp_config: Any) -> int:
+    """The FSDP version an fsdp_config asks for (a dict or a JSON file; transformers' default is 2)."""
+    if isinstance(fsdp_config, str) and os.path.isfile(fsdp_config):
+        with open(fsdp_config) as f:
+            fsdp_config = json.load(f)
+    if not isinstance(fsdp_config, dict):
+        return 2
+    return int(fsdp_config.get("version", fsdp_config.get("fsdp_version", 2)))
+
+
+def _has_accelerator() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    xpu = getattr(torch, "xpu", None)
+    return (
+        torch.cuda.is_available()
+        or bool(mps and mps.is_available())
+        or bool(xpu and hasattr(xpu, "is_available") and xpu.is_available())
+    )
+
+
+@dataclass
+class UnlearnConfig(TrainingArguments):
+    r"""
+    Configuration class for [`UnlearnTrainer`].
+
+    Only the unlearning-specific parameters are listed here; everything else is
+    [`~transformers.TrainingArguments`]. The MASC defaults follow the TOFU / Qwen2.5 row of the MASC paper
+    (Di Gennaro et al., arXiv 2606.02920, Table of reference hyperparameters: lambda_forget 0.1, rho 0.5,
+    eta 0.5, k 10 self-competitors, beta 1, KL retain term with weight 1) and were then checked on the
+    embedded fictitious-authors benchmark (docs/studies/demo.md).
+
+    > [!NOTE]
+    > Defaults that differ from [`~transformers.TrainingArguments`]:
+    > - `num_train_epochs`: `None`: 3 epochs, or for a run that stops itself `max_steps = self_stop_max_steps` (500),
+    >   so that the stopping rule, not an epoch count, ends it.
+    > - `learning_rate`: `1e-4` instead of `5e-5` (the MASC reference runs).
+    > - `lr_scheduler_type`: `"constant"` instead of `"linear"`: the run usually stops itself long before the
+    >   budget, so a schedule decaying towards the budget would be arbitrary.
+    > - `per_device_train_batch_size`: `4` instead of `8` (each step also forwards 4 retain examples).
+    > - `logging_steps`: `10` instead of `500`.
+    > - `remove_unused_columns`: `False` instead of `True`: forget and retain batches are nested dicts.
+    > - `restore_callback_states_from_checkpoint`: `True` instead of `False`, so that resuming restores the
+    >   stopping rule's state (probes done, last violation rate, stop step).
+
+    Parameters, by concern (each field's ``help`` says what it does; ``hf-unlearn run --help`` prints them all):
+
+    > Parameters that choose the method: `method`, `forget_loss`, `retain_loss`, `forget_weight`, `retain_weight`,
+      `gradient_surgery`, `reference_dtype`.
+    > Parameters of MASC's restricted margin and hinge (§3): `masc_k`, `masc_beta`, `masc_rho`, `masc_eta`,
+      `masc_threshold`, `competitor_source`, `competitor_delta`.
+    > Parameters that control the stopping rule (§3, and the calibrated target): `stop_on_violation`,
+      `stop_target`, `stop_alpha`, `calibration_slack`, `probe_interval`, `stop_probe`, `holdout_fraction`,
+      `probe_size`, `hoeffding`, `hoeffding_delta`, `running_probe`, `self_stop_max_steps`.
+    > Parameters that guard the retain side: `utility_floor`, `restore_on_failure`, `keep_best_state`.
+    > Parameters of continuation scoring (long forget texts, MASC's MUSE setting): `forget_scoring`,
+      `continuation_cut_min_ratio`, `continuation_cut_max_ratio`, `continuation_min_prefix_tokens`,
+      `continuation_min_suffix_tokens`.
+    > Parameters of the baseline objectives: `npo_beta`, `simnpo_beta`, `simnpo_delta`, `dpo_beta`, `undial_beta`,
+      `wga_beta`, `satimp_beta1`, `satimp_beta2`, `ceu_ignore_first_n_answer_tokens`, `altpo_beta`,
+      `alternate_column`, `pdu_epsilon`, `pdu_epsilon_slack`, `pdu_dual_init`, `pdu_dual_step`,
+      `pdu_dual_warmup_steps`, `rmu_layer`, `rmu_trainable_layers`, `rmu_steering_coefficient`, `refusal_answers`.
+    > Parameters of the outputs: `quantization_check`, `overwrite_output_dir`.
+    """
+
+    method: str = field(
+        default="masc",
+        metadata={"help": f"Unlearning method, one of {sorted(METHODS)}. Sets the forget and retain objectives."},
+    )
+    forget_loss: str | None = field(
+        default=None,
+        metadata={"help": "Override the method's forget objective by its registered name (e.g. 'npo')."},
+    )
+    retain_loss: str | None = field(
+        default=None,
+        metadata={"help": "Override the method's retain objective: 'kl', 'nll' or 'none'."},
+    )
+    forget_weight: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery). Default: "
+            "0.1 for masc, 0.125 for simnpo, 1 otherwise."
+        },
+    )
+    retain_weight: float | None = field(
+        default=None,
+        metadata={
+            "help": "Weight of the retain objective (MASC's lambda_retain, alpha in gradient surgery). Default: 0.1 "
+            "for satimp, 1 otherwise (pdu's retain term is also scaled by its dual variable)."
+        },
+    )
+    masc_k: int = field(default=10, metadata={"help": "MASC: number of competitor tokens k in the restricted margin."})
+    masc_beta: float = field(default=1.0, metadata={"help": "MASC: inverse temperature beta of the margin."})
+    masc_rho: float = field(
+        default=0.5,
+        metadata={"help": "MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho))."},
+    )
+    masc_eta: float = field(
+        default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."}
+    )
+    masc_threshold: str = field(
+        default="auto",
+        metadata={
+            "help": "MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. "
+            "'calibration': each forget token's counterpart in the trainer's calibration_dataset (never trained on): "
+            "the never-seen margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': "
+            "'calibration' when the trainer has a calibration_dataset, else 'rho'."
+        },
+    )
+    competitor_source: str = field(
+        default="self",
+        metadata={
+            "help": "MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' "
+            "(the frozen start model, used for MUSE News)."
+        },
+    )
+    competitor_delta: float | None = field(
+        default=None,
+        metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
+    )
+    stop_on_violation: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True "
+            "for method 'masc', False otherwise (the rate is still measured and logged)."
+        },
+    )
+    stop_target: str = field(
+        default="auto",
+        metadata={
+            "help": "When the run is done: 'alpha' (the forget violation rate <= stop_alpha, a fixed rate), "
+            "'calibration' (the forget answers' margins no higher than those of the trainer's calibration_dataset, "
+            "examples of the same kind the model never trained on, measured at the same probe: calibration gap <= "
+            "calibration_slack), or 'auto': 'calibration' when the trainer has a calibration_dataset, else 'alpha'."
+        },
+    )
+    stop_alpha: float = field(
+        default=0.2,
+        metadata={
+            "help": "Stopping rule with stop_target='alpha': stop once the violation rate (fraction of violating "
+            "answer tokens) <= alpha."
+        },
+    )
+    calibration_slack: float = field(
+        default=0.5,
+        metadata={
+            "help": "Stopping rule with stop_target='calibration': stop once the calibration gap (the mean excess, in "
+            "logits, of the forget answers' sorted margins over the never-seen margins at the same quantiles) is at "
+            "most this."
+        },
+    )
+    utility_floor: float | None = field(
+        default=0.25,
+        metadata={
+            "help": "Stop as a failure when the retain answer probability at a probe falls below this fraction of "
+            "its value at the start of training (0 or None: off; needs a retain set). The default catches a "
+            "collapse, not the transient dip of a large learning rate's first steps (measured on the demo at lr "
+            "1e-3: 0.43x at step 3, back to 0.86x by step 22)."
+        },
+    )
+    restore_on_failure: bool = field(
+        default=True,
+        metadata={
+            "help": "When the utility floor stops a run, put back the weights of the last probe above the floor (a "
+            "copy of the trainable parameters is kept in host memory: small for LoRA, one model copy for full "
+            "fine-tuning)."
+        },
+    )
+    keep_best_state: bool = field(
+        default=False,
+        metadata={
+            "help": "For a run that goes on past the stop target (stop_on_violation=False): at the end, restore the "
+            "weights of the first probe that met it (kept in host memory like restore_on_failure's copy)."
+        },
+    )
+    running_probe: bool = field(
+        default=True,
+        metadata={
+            "help": "Measure the 'train' probe's violation rate from the forget batches' own forward passes (the "
+            "examples trained on since the last probe) instead of an extra forward pass over a fixed sample. Falls "
+            "back to the extra forward when the model has dropout (training-mode margins differ from eval-mode ones)."
+        },
+    )
+    self_stop_max_steps: int = field(
+        default=500,
+        metadata={
+            "help": "Budget of a run that stops itself (stop_on_violation) when neither max_steps nor "
+            "num_train_epochs is given: at most this many optimizer steps."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). "
+            "Without it, a folder holding a run is refused unless you resume it (resume_from_checkpoint)."
+        },
+    )
+    probe_interval: int = field(
+        default=5,
+        metadata={"help": "Measure the violation rate every this many optimizer steps (0 disables probing)."},
+    )
+    stop_probe: str = field(
+        default="train",
+        metadata={
+            "help": "Which forget examples the stopping rule measures: 'train' (a fixed sample of the forget "
+            "examples being trained on) or 'holdout' (a held-out part of the forget set, never trained on)."
+        },
+    )
+    holdout_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of the forget set held out of training and probed. Default: 0.1 when "
+            "stop_probe='holdout', else 0 (set it with stop_probe='train' to log both rates)."
+        },
+    )
+    forget_scoring: str = field(
+        default="answer",
+        metadata={
+            "help": "Which forget tokens the forget loss and the stopping probe score: 'answer' (every answer or "
+            "text token) or 'continuation' (a prefix of each forget text is context and only its continuation is "
+            "scored, as the MASC reference code's MUSE runs do with --forget_penalty_mode continuation; the cut is "
+            "drawn per example and epoch between continuation_cut_min_ratio and continuation_cut_max_ratio of the "
+            "scored tokens, at a fixed place per example for the probes)."
+        },
+    )
+    continuation_cut_min_ratio: float = field(
+        default=0.2,
+        metadata={"help": "forget_scoring='continuation': smallest fraction of a text's tokens given as prefix."},
+    )
+    continuation_cut_max_ratio: float = field(
+        default=0.6,
+        metadata={"help": "forget_scoring='continuation': largest fraction of a text's tokens given as prefix."},
+    )
+    continuation_min_prefix_tokens: int = field(
+        default=32,
+        metadata={"help": "forget_scoring='continuation': the prefix is at least this many tokens."},
+    )
+    continuation_min_suffix_tokens: int = field(
+        default=32,
+        metadata={
+            "help": "forget_scoring='continuation': the scored continuation is at least this many tokens; a text "
+            "shorter than prefix + suffix minimum is scored whole."
+        },
+    )
+    probe_size: int = field(
+        default=64,
+        metadata={"help": "At most this many forget (and retain) examples are probed each time."},
+    )
+    hoeffding: bool = field(
+        default=False,
+        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
+    )
+    hoeffding_delta: float = field(
+        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
+    )
+    npo_beta: float = field(default=0.1, metadata={"help": "NPO / NPO+KLR inverse temperature beta."})
+    simnpo_beta: float = field(default=4.5, metadata={"help": "SimNPO inverse temperature beta."})
+    simnpo_delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin delta."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "IdkDPO (DPO) inverse temperature beta."})
+    undial_beta: float = field(default=10.0, metadata={"help": "UNDIAL: how far the target token's logit is lowered."})
+    reference_dtype: str | None = field(
+        default=None,
+        metadata={
+            "help": "dtype of the frozen reference copy that KL, NPO, UNDIAL, AltPO, IdkDPO and RMU compare with in "
+            "full fine-tuning: None (the model's own) or 'bfloat16' / 'float16' (half the memory; the objectives "
+            "upcast its logits). A PEFT model's reference is its base with the adapters off and costs nothing."
+        },
+    )
+    wga_beta: float = field(default=1.0, metadata={"help": "WGA: exponent of the token-probability weight p^beta."})
+    satimp_beta1: float = field(default=5.0, metadata={"help": "SatImp: exponent of the saturation weight p^beta1."})
+    satimp_beta2: float = field(
+        default=1.0, metadata={"help": "SatImp: exponent of the importance weight (1 - p)^beta2."}
+    )
+    ceu_ignore_first_n_answer_tokens: int = field(
+        default=1, metadata={"help": "CE-U: answer tokens at the start of each answer that are not unlearned."}
+    )
+    altpo_beta: float = field(default=0.1, metadata={"help": "AltPO (DPO) inverse temperature beta."})
+    alternate_column: str = field(
+        default="perturbed_answer",
+        metadata={
+            "help": "AltPO: column of the forget records holding plausible alternative answers (a text, or a list "
+            "of which example i takes the (i mod n)-th)."
+        },
+    )
+    pdu_epsilon: float | None = field(
+        default=None,
+        metadata={
+            "help": "PDU: the bound on the retain loss (the constraint L_retain <= epsilon). Default: (1 + "
+            "pdu_epsilon_slack) x the retain loss of the first step."
+        },
+    )
+    pdu_epsilon_slack: float = field(
+        default=0.1, metadata={"help": "PDU: relative slack of the default epsilon over the starting retain loss."}
+    )
+    pdu_dual_init: float = field(default=1.0, metadata={"help": "PDU: initial value of the dual variable lambda."})
+    pdu_dual_step: float = field(default=1.0, metadata={"help": "PDU: step size of the dual ascent on lambda."})
+    pdu_dual_warmup_steps: int = field(
+        default=0, metadata={"help": "PDU: optimizer steps before lambda starts to move."}
+    )
+    rmu_layer: int | None = field(
+        default=None,
+        metadata={
+            "help": "RMU: decoder layer whose output is steered (default: 7, or the second-to-last layer if the "
+            "model has fewer than 9; the last layer is refused, its hidden state is only returned after the final "
+            "norm)."
+        },
+    )
+    rmu_trainable_layers: list[int] | None = field(
+        default=None,
+        metadata={"help": "RMU: layers whose MLP weights train (default: rmu_layer and the two before it)."},
+    )
+    rmu_steering_coefficient: float = field(
+        default=6.5, metadata={"help": "RMU: norm c of the random target direction c * u."}
+    )
+    refusal_answers: list[str] | None = field(
+        default=None,
+        metadata={"help": "IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms)."},
+    )
+    quantization_check: bool = field(
+        default=False,
+        metadata={
+            "help": "After training, reload the model in NF4, FP4 and 8-bit (bitsandbytes), measure the forget and "
+            "retain metrics again and put the change in the report (hf-unlearn jobs)."
+        },
+    )
+    gradient_surgery: str = field(
+        default="sum",
+        metadata={
+            "help": f"How the forget and retain gradients are combined at each optimizer step, one of {STRATEGIES}: "
+            "'sum' is the plain weighted sum; 'pcgrad' and 'sago' never let the forget gradient oppose the "
+            "retain gradient (arXiv 2604.14808); 'blur' is SAGO's forget-first baseline (one global projection of "
+            "the retain gradient), 'blur_per_tensor' its per-tensor variant. forget_weight is gamma, retain_weight "
+            "is alpha."
+        },
+    )
+
+    # Defaults that differ from TrainingArguments (listed in the docstring note).
+    num_train_epochs: float | None = field(
+        default=None,
+        metadata={
+            "help": "Total number of training epochs. Default: 3, except for a run that stops itself "
+            "(stop_on_violation) without max_steps, whose budget is self_stop_max_steps optimizer steps."
+        },
+    )
+    learning_rate: float = field(default=1e-4, metadata={"help": "The initial learning rate for AdamW."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "The scheduler type to use."})
+    per_device_train_batch_size: int = field(
+        default=4, metadata={"help": "Forget examples per device per step (as many retain examples are paired)."}
+    )
+    logging_steps: float = field(default=10, metadata={"help": "Log every X update steps."})
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Kept False: forget and retain batches are nested dictionaries."}
+    )
+    restore_callback_states_from_checkpoint: bool = field(
+        default=True, metadata={"help": "Restore the stopping rule's state when resuming from a checkpoint."}
+    )
+
+    def __post_init__(self) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not self.use_cpu and not _has_accelerator():
+            # Under torchrun on a machine without an accelerator, TrainingArguments would otherwise start every
+            # process as its own single-process run (each training alone, each writing the report).
+            self.use_cpu = True
+            logger.warning(
+                "UnlearnConfig: several processes and no accelerator, so use_cpu=True (DDP on the CPU with gloo); "
+                "pass --use_cpu yourself to silence this."
+            )
+        # Checked before TrainingArguments sets up either backend, so the message names the real conflict (a backend
+        # chosen by an accelerate config file is checked by the trainer).
+        if self.gradient_surgery != "sum" and self.deepspeed:
+            raise sharded_surgery_error(self.gradient_surgery, "DeepSpeed")
+        if self.gradient_surgery != "sum" and self.fsdp and _fsdp_version(self.fsdp_config) == 1:
+            raise sharded_surgery_error(self.gradient_surgery, "FSDP1")
+        # Budgets are checked before TrainingArguments reads them: Trainer would take one step for max_steps=0 and
+        # save an untouched copy for zero epochs.
+        if self.max_steps == 0 or (self.max_steps < -1):
+            raise ValueError(
+                f"max_steps={self.max_steps} is not a budget: give a positive number of optimizer steps, or -1 (the "
+                "default) to budget by num_train_epochs."
+            )
+        if self.self_stop_max_steps < 1:
+            raise ValueError(
+                f"self_stop_max_steps must be a positive number of steps, got {self.self_stop_max_steps}."
+            )
+        if self.num_train_epochs is not None and not self.num_train_epochs > 0 and self.max_steps < 0:
+            raise ValueError(
+                f"num_train_epochs={self.num_train_epochs} would train nothing: give a positive number of epochs, or "
+                "max_steps."
+            )
+        super().__post_init__()
+        if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
+            # Pinned memory only speeds up copies to an accelerator; without one torch's DataLoader warns at every
+            # epoch that it is set but unused.
+            self.dataloader_pin_memory = False
+            logger.info("UnlearnConfig: no accelerator, so dataloader_pin_memory=False.")
+        if self.method not in METHODS:
+            raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
+        if self.competitor_source not in COMPETITOR_SOURCES:
+            raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
+        for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
+            if not getattr(self, name) > 0:  # also catches NaN
+                raise ValueError(
+                    f"{name} must be > 0 (it divides the loss or scales a log-ratio), got {getattr(self, name)}."
+                )
+        for name in (
+            "wga_beta",
+            "satimp_beta1",
+            "satimp_beta2",
+            "pdu_dual_init",
+            "pdu_dual_step",
+            "pdu_epsilon_slack",
+        ):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if self.ceu_ignore_first_n_answer_tokens < 0 or self.pdu_dual_warmup_steps < 0:
+            raise ValueError("ceu_ignore_first_n_answer_tokens and pdu_dual_warmup_steps must be >= 0.")
+        if self.reference_dtype not in (None, "bfloat16", "float16", "float32"):
+            raise ValueError(
+                f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {self.reference_dtype!r}."
+            )
+        if self.forget_scoring not in FORGET_SCORINGS:
+            raise ValueError(f"forget_scoring must be one of {FORGET_SCORINGS}, got {self.forget_scoring!r}.")
+        if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:
+            raise ValueError(
+                "continuation_cut_min_ratio and continuation_cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
+                f"{self.continuation_cut_min_ratio} and {self.continuation_cut_max_ratio}."
+            )
+        if self.continuation_min_prefix_tokens < 0 or self.continuation_min_suffix_tokens < 1:
+            raise ValueError(
+                "continuation_min_prefix_tokens must be >= 0 and continuation_min_suffix_tokens >= 1, got "
+                f"{self.continuation_min_prefix_tokens} and {self.continuation_min_suffix_tokens}."
+            )
+        if self.stop_probe not in STOP_PROBES:
+            raise ValueError(f"stop_probe must be one of {STOP_PROBES}, got {self.stop_probe!r}.")
+        if self.masc_k < 1:
+            raise ValueError(f"masc_k must be at least 1, got {self.masc_k}.")
+        if self.masc_eta <= 0:
+            raise ValueError(f"masc_eta must be positive, got {self.masc_eta}.")
+        if not 0.0 <= self.stop_alpha <= 1.0:
+            raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {self.stop_alpha}.")
+        if self.probe_interval < 0:
+            raise ValueError(f"probe_interval must be >= 0, got {self.probe_interval}.")
+        threshold_from_probability(self.masc_rho)  # validates rho
+        for name in ("forget_weight", "retain_weight"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:  # also catches NaN
+                raise ValueError(
+                    f"{name} must be >= 0, got {value}: it scales a loss that is minimised, so a negative weight "
+                    "would train the opposite of what the objective means."
+                )
+        if self.gradient_surgery not in STRATEGIES:
+            raise ValueError(f"gradient_surgery must be one of {STRATEGIES}, got {self.gradient_surgery!r}.")
+        if self.gradient_surgery != "sum" and self.objectives[1] == "none":
+            raise ValueError(
+                f"gradient_surgery={self.gradient_surgery!r} combines a forget and a retain gradient, but the "
+                "retain objective is 'none'. Set retain_loss='nll' or 'kl', or gradient_surgery='sum'."
+            )
+        if self.holdout_fraction is None:
+            self.holdout_fraction = 0.1 if self.stop_probe == "holdout" else 0.0
+        if self.stop_probe == "holdout" and self.holdout_fraction == 0:
+            raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
+        if self.forget_weight is None:
+            self.forget_weight = DEFAULT_FORGET_WEIGHTS.get(self.objectives[0], 1.0)
+        if self.retain_weight is None:
+            self.retain_weight = DEFAULT_RETAIN_WEIGHTS.get(self.objectives[0], 1.0)
+        if self.refusal_answers is None:
+            self.refusal_answers = list(DEFAULT_REFUSALS)
+        if self.stop_on_violation is None:
+            self.stop_on_violation = self.method == "masc"
+        if self.stop_on_violation and self.probe_interval == 0:
+            raise ValueError("stop_on_violation needs probe_interval > 0.")
+        if self.masc_threshold not in MASC_THRESHOLDS:
+            raise ValueError(f"masc_threshold must be one of {MASC_THRESHOLDS}, got {self.masc_threshold!r}.")
+        if self.stop_target not in STOP_TARGETS:
+            raise ValueError(f"stop_target must be one of {STOP_TARGETS}, got {self.stop_target!r}.")
+        if self.utility_floor is not None and not 0 <= self.utility_floor < 1:
+            raise ValueError(
+                f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "
+                f"{self.utility_floor}."
+            )
+        if self.num_train_epochs is None:
+            self.num_train_epochs = 3.0
+            if self.stop_on_violation and self.max_steps <= 0:
+                # A run that stops itself needs room to get there: 3 epochs of a 10-example forget set are 9 steps.
+                self.max_steps = self.self_stop_max_steps
+                logger.info(
+                    f"UnlearnConfig: the run stops itself, so its budget is max_steps={self.max_steps} "
+                    "(self_stop_max_steps) rather than 3 epochs."
+                )
+
+    @property
+    def masc_tau(self) -> float:
+        """Margin threshold ``tau = log(rho / (1 - rho))`` (MASC §3)."""
+        return threshold_from_probability(self.masc_rho)
+
+    @property
+    def objectives(self) -> tuple[str, str]:
+        """(forget objective, retain objective) after applying the overrides."""
+        forget, retain = METHODS[self.method]
+        return self.forget_loss or forget, self.retain_loss or retain
+
+
+def resolved_for_data(args: UnlearnConfig, has_calibration: bool) -> UnlearnConfig:
+    """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
+    'calibration' with a calibration set, else 'alpha' / 'rho'); the caller's config is left as it was, so it can be
+    reused for another run with other data. 'calibration' without a calibration set is refused."""
+    if args.stop_target == "calibration" and not has_calibration:
+        raise ValueError(
+            "stop_target='calibration' compares the forget set with data the model never trained on: pass "
+            "calibration_dataset=... (same kind of examples, tokenized the same way), or stop_target='alpha'."
+        )
+    if args.masc_threshold == "calibration" and not has_calibration:
+        raise ValueError(
+            "masc_threshold='calibration' takes each token's threshold from data the model never trained on: "
+            "pass calibration_dataset=..., or masc_threshold='rho'."
+        )
+    resolved = copy.copy(args)
+    for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
+        if getattr(args, name) == "auto":
+            setattr(resolved, name, "calibration" if has_calibration else plain)
+            logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
+    return resolved

@@ -1,0 +1,324 @@
+"""What the stopping rule measures, and the weights it may keep: one object the trainer and the stopping callback
+share. The trainer feeds it the forget batches' own logits while training (the running 'train' probe, MASC §3: the
+violation rate of the examples just trained on, at the weights that trained on them); the stopping callback calls
+:meth:`probe` every ``probe_interval`` optimizer steps and hands it the states to keep (the last above the utility
+floor, the first that met the target). Measurements use the one restricted-margin implementation with the run's k,
+competitor source and rho, so the loss, the stopping rule and the record's exact-reproduction bound agree on what a
+violation is."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+from ..data.pairing import model_inputs
+from ..objectives.margin import (
+    calibration_gap,
+    exact_reproduction_bound,
+    measure_violations,
+    restricted_margin,
+    shift_for_causal_lm,
+    token_log_probs,
+    violation_fractions,
+)
+
+logger = logging.get_logger(__name__)
+
+
+def has_dropout(model: nn.Module) -> bool:
+    """Whether training-mode forwards are random (dropout modules, or attention/residual dropout in the config)."""
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    values = config.to_dict().items() if config is not None and hasattr(config, "to_dict") else []
+    return any(
+        ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)) and value > 0
+        for key, value in values
+        if not key.startswith("classifier")
+    )
+
+
+@dataclass
+class ProbeSets:
+    """The fixed examples of every probe, chosen at construction: a sample of the trained forget examples, the
+    held-out forget examples (never trained on), a retain sample (the utility floor) and a calibration sample (data of
+    the same kind never trained on: the calibrated target)."""
+
+    train: list[dict[str, Any]]
+    holdout: list[dict[str, Any]]
+    retain: list[dict[str, Any]]
+    calibration: list[dict[str, Any]]
+
+    @classmethod
+    def sample(
+        cls,
+        trained: Sequence[Mapping[str, Any]],
+        held_out: Sequence[tuple[int, Mapping[str, Any]]],
+        retain: Sequence[Mapping[str, Any]] | None,
+        calibration: Sequence[Mapping[str, Any]] | None,
+        size: int,
+        seed: int,
+        score: Callable[[dict[str, Any], int], dict[str, Any]],
+    ) -> ProbeSets:
+        """Up to ``size`` examples of each set (seeded, in their order), the forget-like ones through ``score`` (the
+        fixed continuation cut of ``forget_scoring='continuation'``, seeded by the example's index, else unchanged);
+        every held-out forget example (``(index in the forget set, example)`` pairs)."""
+        return cls(
+            train=[score(e, i) for i, e in enumerate(_sample(trained, size, seed))],
+            holdout=[score(model_inputs(e), i) for i, e in held_out],
+            retain=_sample(retain, size, seed + 1) if retain is not None else [],
+            calibration=(
+                [score(e, i) for i, e in enumerate(_sample(calibration, size, seed + 2))]
+                if calibration is not None
+                else []
+            ),
+        )
+
+
+def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[dict[str, list[int]]]:
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [model_inputs(dataset[i]) for i in sorted(order[:size])]
+
+
+class ProbeState:
+    """Probes, running sums, the calibration margins and the kept weight states of one run.
+
+    ``model`` returns the unwrapped model being trained, ``trainable`` its trainable parameters as the optimizer steps
+    them, ``reference_logits`` the frozen start model's logits of a batch (for teacher competitors). ``running``: the
+    'train' probe comes from the forget batches' own forwards (:meth:`accumulate`) instead of an extra forward.
+    """
+
+    def __init__(
+        self,
+        args: Any,
+        sets: ProbeSets,
+        pad_token_id: int,
+        accelerator: Any,
+        model: Callable[[], nn.Module],
+        trainable: Callable[[], list[torch.Tensor]],
+        reference_logits: Callable[[Mapping[str, torch.Tensor]], torch.Tensor],
+        running: bool,
+        calibrated: bool,
+        can_snapshot: bool,
+    ) -> None:
+        self.args = args
+        self.sets = sets
+        self.pad_token_id = pad_token_id
+        self.accelerator = accelerator
+        self._model = model
+        self._trainable = trainable
+        self._reference_logits = reference_logits
+        self.running = running
+        self.calibrated = calibrated
+        self.can_snapshot = can_snapshot
+        self.running_sums: dict[str, torch.Tensor] = {}
+        self.running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
+        self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
+        self.latest: dict[str, float] = {}  # the last probe's numbers, for Trainer's next log
+        self.seconds = 0.0
+        self.snapshots: dict[str, tuple[int, list[torch.Tensor]]] = {}
+        self.restored_step: int | None = None
+
+    # --- the running 'train' probe ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def accumulate(self, logits: torch.Tensor, labels: torch.Tensor, reference_logits: torch.Tensor | None) -> None:
+        """Per-example statistics of a forget batch from its own logits, summed on the device until the next probe:
+        [violation fraction, answer probability, examples] (and the token margins, for the calibrated target). They
+        are what a probe would measure on these examples in eval mode (no dropout: checked at construction), at the
+        weights of the step that trained on them. The retain side is not measured this way: the utility floor needs
+        the current weights and more than one batch (measured: the running retain probability lags an update behind
+        and swings 0.41-0.88 between 4-example windows where a fixed 64-example sample reads 0.48-0.82)."""
+        logits = logits.detach()
+        log_probs, mask = token_log_probs(logits, labels)
+        lengths = mask.sum(-1)
+        scored = (lengths > 0).float()
+        probabilities = torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored
+        shifted, shifted_labels = shift_for_causal_lm(logits, labels)
+        teacher = None
+        if self.args.competitor_source == "teacher":
+            teacher, _ = shift_for_causal_lm(reference_logits.detach(), labels)
+        margins = restricted_margin(
+            shifted,
+            shifted_labels,
+            k=self.args.masc_k,
+            beta=self.args.masc_beta,
+            teacher_logits=teacher,
+            delta=self.args.competitor_delta,
+        )
+        fractions, _ = violation_fractions(margins, self.args.masc_tau)
+        stats = torch.stack([(fractions * scored).sum(), probabilities.sum(), scored.sum()]).double()
+        self.running_sums["forget"] = self.running_sums["forget"] + stats if "forget" in self.running_sums else stats
+        if self.calibrated:
+            self.running_margins.append(margins.margins[margins.mask].float())
+
+    def _read_running(self) -> dict[str, torch.Tensor]:
+        """The running sums since the last probe, summed over processes, then cleared."""
+        sums: dict[str, torch.Tensor] = {}
+        processes = self.accelerator.num_processes
+        if self.running_margins:
+            margins = torch.cat(self.running_margins)
+            if processes > 1:
+                margins = self.accelerator.pad_across_processes(margins, pad_index=float("nan"))
+                margins = self.accelerator.gather(margins)
+                margins = margins[~torch.isnan(margins)]
+            sums["forget_margins"] = margins.cpu()
+            self.running_margins = []
+        total = self.running_sums.get("forget")
+        if total is None:
+            total = torch.zeros(3, dtype=torch.float64, device=self.args.device)
+        if processes > 1:
+            total = self.accelerator.reduce(total, reduction="sum")
+        sums["forget"] = total.cpu()
+        self.running_sums.clear()
+        return sums
+
+    def export_running(self) -> dict[str, list[float]]:
+        """The running sums as plain numbers, saved with a checkpoint."""
+        return {part: total.tolist() for part, total in self.running_sums.items()}
+
+    def restore_running(self, saved: dict[str, list[float]] | None) -> None:
+        self.running_sums = {
+            part: torch.tensor(values, dtype=torch.float64, device=self.args.device)
+            for part, values in (saved or {}).items()
+        }
+
+    # --- measurements -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def measure_margins(
+        self, examples: Sequence[Mapping[str, Any]], beta: float | None = None, batch_size: int | None = None
+    ) -> dict[str, Any]:
+        """Violation fractions, answer lengths and answer probabilities of ``examples`` under the current model."""
+        reference = self._reference_logits if self.args.competitor_source == "teacher" else None
+        return measure_violations(
+            self._model(),
+            examples,
+            self.pad_token_id,
+            k=self.args.masc_k,
+            tau=self.args.masc_tau,
+            beta=self.args.masc_beta if beta is None else beta,
+            delta=self.args.competitor_delta,
+            reference_logits=reference,
+            batch_size=batch_size or max(self.args.per_device_eval_batch_size, 8),
+        )
+
+    def calibration_thresholds(self) -> torch.Tensor:
+        """The calibration set's sorted margins under the current model (measured at the first use, then at every
+        probe): what ``masc_threshold='calibration'`` compares each forget token with."""
+        if self.calibration_margins is None:
+            self._measure_calibration()
+        return self.calibration_margins
+
+    def _measure_calibration(self) -> dict[str, torch.Tensor]:
+        calibration = self.measure_margins(self.sets.calibration)
+        self.calibration_margins = calibration["margins"].sort().values.to(self.args.device)
+        return calibration
+
+    def probe(self) -> dict[str, float]:
+        """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates, the
+        calibration set's rate and the retain answer probability the utility floor watches.
+
+        With ``running`` the 'train' rate comes from the forget batches trained on since the last probe (no forward
+        pass here); the retain sample, the held-out and the calibration sets are measured with a forward pass. Runs
+        on every process (a sharded model's forward needs all of them); all processes use rank 0's numbers, so all
+        stop at the same step.
+        """
+        start = time.perf_counter()
+        measured: dict[str, float] = {}
+        running = self._read_running() if self.running else {}
+        forget_running = running.get("forget")
+        forget_margins = {}
+        train_examples = 0
+        if forget_running is not None and forget_running[2] > 0:
+            measured["violation_rate_train"] = float(forget_running[0] / forget_running[2])
+            measured["forget_probability_train"] = float(forget_running[1] / forget_running[2])
+            train_examples = int(forget_running[2])
+            if "forget_margins" in running:
+                forget_margins["train"] = running["forget_margins"]
+        for name, examples in (("train", self.sets.train), ("holdout", self.sets.holdout)):
+            if not examples or f"violation_rate_{name}" in measured:
+                continue
+            margins = self.measure_margins(examples)
+            measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
+            measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
+            forget_margins[name] = margins["margins"]
+            if name == "train":
+                train_examples = len(margins["fractions"])
+        if self.sets.calibration:
+            calibration = self._measure_calibration()
+            measured["violation_rate_calibration"] = calibration["fractions"].mean().item()
+            measured["calibration_probability"] = calibration["probabilities"].mean().item()
+            if self.args.stop_probe in forget_margins:
+                measured["calibration_gap"] = calibration_gap(
+                    forget_margins[self.args.stop_probe], calibration["margins"]
+                )
+        stop_probe = self.args.stop_probe
+        measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]
+        measured["num_examples"] = train_examples if stop_probe == "train" else len(self.sets.holdout)
+        if self.sets.retain:
+            retain = self.measure_margins(self.sets.retain)
+            measured["retain_probability"] = retain["probabilities"].mean().item()
+        measured = self._agree_across_processes(measured)
+        self.latest.update({key: value for key, value in measured.items() if key != "num_examples"})
+        self.seconds += time.perf_counter() - start
+        return measured
+
+    def _agree_across_processes(self, measured: dict[str, float]) -> dict[str, float]:
+        """Every process probes the same examples; take rank 0's numbers so all stop at the same step."""
+        if self.accelerator.num_processes == 1:
+            return measured
+        from accelerate.utils import broadcast_object_list
+
+        holder = [measured]
+        broadcast_object_list(holder, from_process=0)
+        return holder[0]
+
+    def exact_reproduction_bound(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """MASC Proposition 1 on ``examples`` at beta = 1: a forget answer of length L with a fraction v of violating
+        tokens is reproduced exactly with probability <= rho ** ((1 - v) L)."""
+        margins = self.measure_margins(examples, beta=1.0)
+        bounds = exact_reproduction_bound(margins["fractions"], margins["lengths"], self.args.masc_rho)
+        return {
+            "mean": bounds.mean().item(),
+            "max": bounds.max().item(),
+            "violation_rate": margins["fractions"].mean().item(),
+            "rho": self.args.masc_rho,
+            "k": self.args.masc_k,
+        }
+
+    # --- kept states: the last one above the utility floor, the first that met the target -----------------
+
+    def snapshot(self, name: str, step: int) -> None:
+        """Copy the trainable parameters to host memory (not possible when DeepSpeed partitions them)."""
+        if not self.can_snapshot:
+            return
+        self.snapshots[name] = (step, [p.detach().to("cpu", copy=True) for p in self._trainable()])
+
+    def restore(self, name: str) -> None:
+        if name not in self.snapshots:
+            logger.warning(f"UnlearnTrainer: no '{name}' state was kept, so the weights stay as they are.")
+            return
+        step, saved = self.snapshots[name]
+        with torch.no_grad():
+            for param, value in zip(self._trainable(), saved):
+                param.copy_(value.to(param.device))
+        self.restored_step = step
+        logger.warning(f"UnlearnTrainer: restored the weights of step {step} ({name.replace('_', ' ')} state).")
+
+    def bind(self, callback: Any, guard: bool, keep_best: bool) -> None:
+        """Give the stopping callback its probe and the states to keep (``guard``: the utility floor restores the
+        last good state; ``keep_best``: the first state that met the target)."""
+        callback.bind(
+            self.probe,
+            on_good_state=(lambda step: self.snapshot("last_good", step)) if guard else None,
+            on_target=(lambda step: self.snapshot("best", step)) if keep_best else None,
+            on_failure=(lambda step: self.restore("last_good")) if guard else None,
+            export_running=self.export_running,
+        )

@@ -1,0 +1,197 @@
+"""The run record from the trainer's state: pure functions of the configuration, the objectives, Trainer's state and
+the stopping rule. The trainer calls :func:`build_record` at construction, with each checkpoint and once at the end of
+``train()``; report, model card, checks and CLI read the record and never reach back into the trainer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from ..surgery import SURGERY_PAPER
+from .record import UnlearnRecord
+
+# Training settings that shape every run, recorded next to each objective's own hyperparameters.
+TRAINING_HYPERPARAMETERS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_steps",
+    "max_grad_norm",
+    "optim",
+    "weight_decay",
+    "seed",
+    "bf16",
+    "forget_weight",
+    "retain_weight",
+    "gradient_surgery",
+)
+STOPPING_HYPERPARAMETERS = (
+    "stop_target",
+    "stop_alpha",
+    "calibration_slack",
+    "probe_interval",
+    "stop_probe",
+    "holdout_fraction",
+    "probe_size",
+    "hoeffding",
+    "hoeffding_delta",
+    "running_probe",
+)
+GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure", "keep_best_state")
+CONTINUATION_HYPERPARAMETERS = (
+    "forget_scoring",
+    "continuation_cut_min_ratio",
+    "continuation_cut_max_ratio",
+    "continuation_min_prefix_tokens",
+    "continuation_min_suffix_tokens",
+)
+
+
+def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
+    """The settings that shaped the run: training's, each objective's own, and those of the stopping rule, the
+    guards and continuation scoring where they are in use. Enum settings (scheduler, optimizer) by their value."""
+    names = list(TRAINING_HYPERPARAMETERS)
+    for objective in objectives:
+        names += objective.hyperparameters
+    if args.stop_on_violation:
+        names += STOPPING_HYPERPARAMETERS
+    if args.probe_interval > 0:
+        names += GUARD_HYPERPARAMETERS
+    if args.forget_scoring != "answer":
+        names += CONTINUATION_HYPERPARAMETERS
+    return {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
+
+
+def papers(objectives: Sequence[Any], gradient_surgery: str) -> list[dict[str, Any]]:
+    """The papers behind the run's objectives (and the surgery paper when surgery combines the gradients)."""
+    cited = [objective.paper for objective in objectives if objective.paper is not None]
+    result = [{"title": p.title, "url": p.url, "authors": p.authors} for p in dict.fromkeys(cited)]
+    if gradient_surgery != "sum":
+        result.append(dict(zip(("title", "url", "authors"), SURGERY_PAPER)))
+    return result
+
+
+def stop_kind(stopping: Any, state: Any) -> str | None:
+    """'target', 'utility_floor', 'budget' (all steps ran), 'other' (another callback, an interruption), or None
+    before training."""
+    if stopping.stop_kind is not None:
+        return stopping.stop_kind
+    if state.max_steps and state.global_step >= state.max_steps:
+        return "budget"
+    return None if state.global_step == 0 else "other"
+
+
+def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None) -> str:
+    """Why the run ended, in a sentence the report and the model card quote."""
+    kind = stop_kind(stopping, state)
+    restored = f"; the weights of step {restored_step} were restored" if restored_step is not None else ""
+    last = stopping.history[-1] if stopping.history else {}
+    if kind == "target":
+        if stopping.target == "calibration":
+            return (
+                f"target reached: at step {stopping.stop_step} the {args.stop_probe} probe's answers looked no "
+                f"more familiar than never-seen data (calibration gap "
+                f"{last.get('calibration_gap', float('nan')):.3f} <= {stopping.calibration_slack:g} logits; "
+                f"violation rate {stopping.last_violation_rate:.3f}, never-seen "
+                f"{last.get('violation_rate_calibration', float('nan')):.3f})"
+            )
+        measure = "upper confidence bound of the violation rate" if args.hoeffding else "violation rate"
+        return (
+            f"target reached: the {measure} of the {args.stop_probe} probe fell to alpha = {stopping.alpha:g} at "
+            f"step {stopping.stop_step} (rate {stopping.last_violation_rate:.3f})"
+        )
+    if kind == "utility_floor":
+        return (
+            f"stopped: utility floor. At step {stopping.stop_step} the retain answer probability fell to "
+            f"{last.get('retain_probability', float('nan')):.4g}, under {stopping.utility_floor:g} x its start "
+            f"value {stopping.start_retain_probability:.4g}{restored}"
+        )
+    if kind == "budget":
+        if args.stop_on_violation and args.probe_interval > 0:
+            rate = stopping.last_violation_rate
+            measured = "never probed" if rate is None else f"last violation rate {rate:.3f}"
+            threshold = last.get("stop_threshold")
+            target = "" if threshold is None else f", target {threshold:.3f}"
+            return (
+                f"budget exhausted: all {state.max_steps} steps ran without meeting the stopping rule "
+                f"({measured}{target}){restored}"
+            )
+        return f"budget exhausted: all {state.max_steps} steps ran (no stopping rule){restored}"
+    if kind is None:
+        return "not trained yet"
+    return f"stopped at step {state.global_step} of {state.max_steps} by another callback or an interruption{restored}"
+
+
+def surgery_history(log_history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The gradient-surgery statistics of every training log, with their step."""
+    return [
+        {"step": log["step"], **{k: v for k, v in log.items() if k.startswith("surgery/")}}
+        for log in log_history
+        if any(k.startswith("surgery/") for k in log)
+    ]
+
+
+def build_record(
+    args: Any,
+    objectives: Sequence[Any],
+    state: Any,
+    stopping: Any,
+    model: Any,
+    adapter: str | None,
+    datasets: dict[str, Any],
+    probe_seconds: float,
+    restored_step: int | None,
+    wall_seconds: float | None,
+    forget_fingerprint: str,
+    earlier_requests: Sequence[dict[str, Any]],
+    objective_state: dict[str, Any],
+    exact_reproduction_bound: dict[str, float] | None = None,
+    previous: UnlearnRecord | None = None,
+) -> UnlearnRecord:
+    """The run record. ``model`` is the unwrapped base model (its config names it); ``exact_reproduction_bound`` is
+    given once, at the end of ``train()`` (it needs forward passes), which makes the record complete. Measurements
+    added from outside to ``previous`` (before/after, quantization, extra) carry over."""
+    forget, retain = objectives[0], objectives[1] if len(objectives) > 1 else None
+    final = exact_reproduction_bound is not None
+    record = UnlearnRecord(
+        method=args.method,
+        forget_objective=forget.name,
+        retain_objective=retain.name if retain is not None else "none",
+        gradient_surgery=args.gradient_surgery,
+        hyperparameters=hyperparameters(args, objectives),
+        papers=papers(objectives, args.gradient_surgery),
+        base_model=getattr(model.config, "_name_or_path", None) or None,
+        adapter=adapter,
+        stopping_rule=bool(args.stop_on_violation and args.probe_interval > 0),
+        stopped_early=stopping.stopped_early,
+        stop_kind=stop_kind(stopping, state),
+        stop_reason=stop_reason(stopping, state, args, restored_step),
+        stop_step=stopping.stop_step,
+        restored_step=restored_step,
+        probe_seconds=probe_seconds,
+        global_step=state.global_step,
+        max_steps=state.max_steps,
+        violation_rate=stopping.last_violation_rate,
+        probe_history=list(stopping.history),
+        surgery_history=surgery_history(state.log_history),
+        exact_reproduction_bound=exact_reproduction_bound,
+        wall_seconds=wall_seconds,
+        complete=final,
+        forget_fingerprint=forget_fingerprint,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds") if final else None,
+        earlier_requests=list(earlier_requests),
+        objective_state=objective_state,
+        **datasets,
+    )
+    if previous is not None:
+        record.update(
+            before=previous.before,
+            after=previous.after,
+            evaluation=previous.evaluation,
+            quantization=previous.quantization,
+            extra=previous.extra,
+        )
+    return record

@@ -1,0 +1,698 @@
+"""`UnlearnTrainer`: a `transformers.Trainer` whose train dataset is the data to forget.
+
+Glue only: it pairs forget with retain batches, runs the forwards each registered objective declared it needs,
+and backpropagates the forget part and the retain part separately through Trainer's own ``training_step`` (so
+that gradient surgery gets two gradients). Trainer's training loop, loss scaling, DeepSpeed handling,
+checkpointing, logging, accelerate and PEFT handling are used unchanged. What it composes: the data checks
+(:mod:`hf_unlearn.data.checks`), the frozen reference (:mod:`.reference`), the probes and kept states
+(:mod:`.probing`), the gradient-surgery buffers (:mod:`hf_unlearn.surgery`) and the run record, built by
+:func:`.record_builder.build_record`, which every report reads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers.trainer_utils import EvalLoopOutput
+from transformers.utils import is_peft_available, logging
+
+from ..data.checks import alternative_answer_examples, check_unlearning_data, warn_if_nothing_is_cut
+from ..data.examples import ensure_pad_token
+from ..data.pairing import (
+    ContinuationScoring,
+    ForgetRetainCollator,
+    ForgetRetainDataset,
+    model_inputs,
+    split_holdout,
+    window_counts,
+)
+from ..objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
+from ..surgery import SurgeryBuffers
+from .callbacks import (
+    ObjectiveStateCallback,
+    RetainPairingCallback,
+    ViolationStoppingCallback,
+    advance_objective_states,
+)
+from .config import UnlearnConfig, resolved_for_data, sharded_surgery_error
+from .ledger import forget_set_fingerprint, full_ledger, load_ledger, loaded_from, save_ledger
+from .loss_tracking import LossTracker
+from .output_dir import check_writable, prepare_output_dir
+from .probing import ProbeSets, ProbeState, has_dropout
+from .record import UnlearnRecord, dataset_description
+from .record_builder import build_record
+from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
+
+if is_peft_available():
+    from peft import PeftModel, get_peft_model
+else:  # pragma: no cover - peft is a dependency, kept optional for users who strip it
+    PeftModel = None
+
+logger = logging.get_logger(__name__)
+
+PARTS = ("forget", "retain")
+_UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    return PeftModel is not None and isinstance(model, PeftModel)
+
+
+class UnlearnTrainer(Trainer):
+    """Trainer for LLM unlearning: ``train_dataset`` is forgotten while ``retain_dataset`` is kept.
+
+    Implements MASC (margin self-correction, arXiv 2606.02920) with its online stopping rule, the objectives
+    registered in :mod:`hf_unlearn.objectives`, and retention-first gradient surgery (arXiv 2604.14808).
+
+    Args:
+        model: a causal LM (``PreTrainedModel``) or a PEFT model.
+        args: an :class:`UnlearnConfig` (not modified: the trainer resolves 'auto' settings on its own copy).
+        train_dataset: the forget set, tokenized (``input_ids``, ``attention_mask``, ``labels`` with -100 on
+            the prompt); see :func:`hf_unlearn.build_qa_dataset`.
+        retain_dataset: the data to keep, same form; required by objectives with a retain term.
+        processing_class: the tokenizer (its pad id pads the batches).
+        peft_config: a ``peft.LoraConfig`` (or any PEFT config); the model is wrapped with it, as in TRL.
+        ref_model: optional frozen reference model. By default: the base with adapters disabled for a PEFT
+            model (no copy), else a frozen copy of ``model`` made before training.
+        calibration_dataset: data of the same kind the model never trained on: the stopping rule's target.
+
+    After ``train()``, :attr:`record` is the run's :class:`~hf_unlearn.training.record.UnlearnRecord`.
+    """
+
+    _tag_names = ["hf_unlearn", "unlearning"]
+    # Each objective divides by its unit count over the whole accumulation window (num_items_in_batch).
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        model: PreTrainedModel | nn.Module,
+        args: UnlearnConfig | None = None,
+        train_dataset: Sequence[Mapping[str, Any]] | None = None,
+        retain_dataset: Sequence[Mapping[str, Any]] | None = None,
+        processing_class: Any = None,
+        data_collator: Any = None,
+        peft_config: Any = None,
+        ref_model: nn.Module | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        calibration_dataset: Sequence[Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if args is None:
+            args = UnlearnConfig(output_dir="unlearn-output")
+        if not isinstance(args, UnlearnConfig):
+            raise TypeError(f"args must be an UnlearnConfig, got {type(args).__name__}.")
+        check_writable(args.output_dir)  # Trainer makes the folder now; say why it cannot, naming it
+        if isinstance(model, str):
+            raise TypeError("Pass a loaded model; load it with AutoModelForCausalLM.from_pretrained(...) first.")
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise ValueError(
+                f"{type(model).__name__} has no language-modelling head: unlearning needs a causal LM "
+                "(AutoModelForCausalLM)."
+            )
+        forget_name, retain_name = args.objectives
+        self.forget_objective: Objective = get_objective(FORGET_OBJECTIVES, forget_name, "forget")
+        self.retain_objective: Objective | None = (
+            None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
+        )
+        check_unlearning_data(
+            model,
+            train_dataset,
+            retain_dataset,
+            calibration_dataset,
+            method=args.method,
+            retain_objective=retain_name,
+            alternate_column=args.alternate_column if self.forget_objective.needs_alternate else None,
+            forget_objective=forget_name,
+        )
+        args = resolved_for_data(args, calibration_dataset is not None)
+        if processing_class is not None:
+            ensure_pad_token(processing_class)
+        model = self._prepare_model(model, args, peft_config)
+        if ref_model is None and any(objective.needs_reference(args) for objective in self._objectives()):
+            ref_model = make_reference(model, is_peft_model(model), args.reference_dtype)
+        if ref_model is not None and ref_model is not ZERO3_COPY:
+            ref_model.eval().requires_grad_(False)
+        self.ref_model = ref_model
+
+        # Held-out forget examples never enter a training batch; both probes are fixed for the whole run.
+        seed = args.data_seed or args.seed
+        trained_idx, holdout_idx = split_holdout(len(train_dataset), args.holdout_fraction, seed)
+        forget_train = [train_dataset[i] for i in trained_idx]
+        # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
+        # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
+        self._score_forget = ContinuationScoring.from_config(args, seed)
+        if self._score_forget.enabled:
+            warn_if_nothing_is_cut(train_dataset, args)
+        probe_sets = ProbeSets.sample(
+            forget_train,
+            [(i, train_dataset[i]) for i in holdout_idx],
+            retain_dataset,
+            calibration_dataset,
+            args.probe_size,
+            args.seed,
+            score=self._score_forget,
+        )
+        # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
+        self.forget_records = train_dataset
+        self.retain_records = retain_dataset
+        # The request ledger: this forget set's fingerprint, and the requests the model went through before
+        # (the ledger of the folder it was loaded from; set it directly to chain runs in memory).
+        self.forget_fingerprint = forget_set_fingerprint(train_dataset)
+        self.earlier_requests: list[dict[str, Any]] = load_ledger(loaded_from(model, is_peft_model(model)))
+        self._datasets = {
+            "forget_dataset": {
+                **dataset_description(train_dataset),
+                "num_trained": len(trained_idx),
+                "num_held_out": len(holdout_idx),
+            },
+            "retain_dataset": dataset_description(retain_dataset) if retain_dataset is not None else None,
+            "calibration_dataset": dataset_description(calibration_dataset)
+            if calibration_dataset is not None
+            else None,
+        }
+        paired = ForgetRetainDataset(
+            forget_train,
+            retain_dataset if self.retain_objective is not None else None,
+            seed=args.seed,
+            refusal=alternative_answer_examples(forget_train, self.forget_objective, args, processing_class),
+            forget_labels=self._score_forget if args.forget_scoring == "continuation" else None,
+        )
+        pad_id = getattr(processing_class, "pad_token_id", None)
+        self.pad_token_id = 0 if pad_id is None else pad_id
+        if args.eval_strategy != "no" and kwargs.get("eval_dataset") is None:
+            # Trainer insists on an eval_dataset for eval_strategy; evaluate() measures the forget and retain sets.
+            kwargs["eval_dataset"] = train_dataset
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=paired,
+            data_collator=ForgetRetainCollator(self.pad_token_id, inner=data_collator),
+            processing_class=processing_class,
+            callbacks=callbacks,
+            **kwargs,
+        )
+        if args.gradient_surgery != "sum" and self.is_deepspeed_enabled:
+            # FSDP/DeepSpeed may come from an accelerate config rather than from args (checked in UnlearnConfig).
+            raise sharded_surgery_error(args.gradient_surgery, "DeepSpeed")
+        if args.gradient_surgery != "sum" and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
+            raise sharded_surgery_error(args.gradient_surgery, "FSDP1")
+        if self.ref_model is not None:
+            self.ref_model = prepare_reference(
+                self.ref_model,
+                self.accelerator.unwrap_model(self.model),
+                self.accelerator,
+                args.device,
+                fsdp2=bool(self.is_fsdp_enabled and self.accelerator.is_fsdp2),
+                zero3=self._runs_zero3,
+                reference_dtype=args.reference_dtype,
+            )
+        # The parameters the optimizer steps, bound when training starts (see _trainable).
+        self._trainable_params: list[torch.Tensor] | None = None
+        self.surgery = SurgeryBuffers(
+            args.gradient_surgery, args.forget_weight, args.retain_weight, with_stats=args.logging_strategy != "no"
+        )
+        # Running sums kept on the device and read only when Trainer logs (no host sync per step).
+        self.losses = LossTracker()
+        self._items_are_global = False
+        self._evaluation_extra: tuple[Any, Any] = (None, None)
+
+        # The 'train' probe from the forget batches' own forwards, where that equals an eval-mode probe: no dropout,
+        # and teacher competitors only when the objective brings the teacher's logits.
+        running = (
+            bool(args.running_probe)
+            and args.probe_interval > 0
+            and (args.competitor_source == "self" or self.forget_objective.needs_reference(args))
+        )
+        if running and has_dropout(self.model):
+            running = False
+            logger.info("UnlearnTrainer: the model has dropout, so the probes run extra eval-mode forwards.")
+        self.probes = ProbeState(
+            args,
+            probe_sets,
+            self.pad_token_id,
+            self.accelerator,
+            model=lambda: self.accelerator.unwrap_model(self.model),
+            trainable=self._trainable,
+            reference_logits=lambda batch: self.reference_logits(self.model, batch),
+            running=running,
+            calibrated=args.stop_target == "calibration",
+            can_snapshot=not self.is_deepspeed_enabled,
+        )
+        self.add_callback(RetainPairingCallback(paired))
+        # Objectives with state across steps (PDU's dual variable): kept, updated and checkpointed by one callback.
+        self.objective_state_callback = ObjectiveStateCallback(
+            {o.name: o.initial_state(args) for o in self._objectives() if o.initial_state is not None}
+        )
+        if self.objective_state_callback.states:
+            self.objective_state_callback.bind(self._update_objective_states)
+            self.add_callback(self.objective_state_callback)
+        floor = args.utility_floor or None
+        if floor and retain_dataset is None:
+            logger.warning("UnlearnTrainer: no retain set, so the utility floor cannot be watched; it is off.")
+            floor = None
+        self.stopping_callback = ViolationStoppingCallback(
+            alpha=args.stop_alpha,
+            probe_interval=args.probe_interval,
+            stop=bool(args.stop_on_violation),
+            hoeffding=args.hoeffding,
+            hoeffding_delta=args.hoeffding_delta,
+            target=args.stop_target,
+            calibration_slack=args.calibration_slack,
+            utility_floor=floor,
+        )
+        self._bind_stopping_callback(self.stopping_callback)
+        if args.probe_interval > 0:
+            self.add_callback(self.stopping_callback)
+        self._train_seconds: float | None = None
+        self.record: UnlearnRecord = self._make_record(final=False)
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names + [args.method])
+
+    def _prepare_model(self, model: nn.Module, args: UnlearnConfig, peft_config: Any) -> nn.Module:
+        """The model as it trains: each objective's preparation (RMU freezes all but some layers), the PEFT wrapper
+        for ``peft_config``, trainable 4-bit layers; refused when nothing can change."""
+        for objective in self._objectives():
+            if objective.prepare is not None:
+                objective.prepare(model, args)
+        if peft_config is not None:
+            if is_peft_model(model):
+                raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
+            model = get_peft_model(model, peft_config)
+        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_quantized", False):
+            from ..robustness.quantize import keep_4bit_layers_trainable
+
+            keep_4bit_layers_trainable(model)
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")
+        return model
+
+    def _update_objective_states(self, states: dict[str, dict[str, Any]], step: int) -> None:
+        """After an optimizer step: advance each stateful objective, kept equal on every process."""
+        advance_objective_states(self._objectives(), states, self.args, step, self.accelerator, self._items_are_global)
+
+    def _objectives(self) -> list[Objective]:
+        return [o for o in (self.forget_objective, self.retain_objective) if o is not None]
+
+    def _parts(self) -> list[tuple[str, Objective, float]]:
+        parts = [("forget", self.forget_objective, self.args.forget_weight)]
+        if self.retain_objective is not None:
+            parts.append(("retain", self.retain_objective, self.args.retain_weight))
+        return parts
+
+    # --- forwards ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _reference_mode(self, model: nn.Module) -> Iterator[nn.Module]:
+        """The frozen start model: the separate copy, or the PEFT model with its adapters disabled."""
+        if self.ref_model is not None:
+            yield self.ref_model
+            return
+        with adapters_disabled(self.accelerator.unwrap_model(model)) as reference:
+            yield reference
+
+    def reference_logits(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Logits of the frozen start model on ``batch`` (no gradient)."""
+        return self._reference_outputs(model, batch, hidden_states=False).logits
+
+    def _reference_outputs(self, model: nn.Module, batch: Mapping[str, torch.Tensor], hidden_states: bool) -> Any:
+        with torch.no_grad(), self._reference_mode(model) as reference:
+            return reference(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                output_hidden_states=hidden_states,
+            )
+
+    def _loss_inputs(
+        self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective, num_items: Any
+    ) -> LossInputs:
+        """Run the forwards an objective declared it needs: the model's, and the reference model's if asked."""
+        hidden = objective.needs_hidden_states
+        reference = self._reference_outputs(model, batch, hidden) if objective.needs_reference(self.args) else None
+        calibration = self.probes.calibration_thresholds() if objective.needs_calibration(self.args) else None
+        outputs = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden
+        )
+        return LossInputs(
+            logits=outputs.logits,
+            labels=batch["labels"],
+            config=self.args,
+            reference_logits=None if reference is None else reference.logits,
+            attention_mask=batch["attention_mask"],
+            hidden_states=outputs.hidden_states if hidden else None,
+            reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
+            num_items=num_items,
+            calibration_margins=calibration,
+            state=self.objective_state_callback.view(objective.name, writable=model.training),
+        )
+
+    def _objective_loss(
+        self, model: nn.Module, inputs: Mapping[str, Any], part: str, objective: Objective, num_items: Any = None
+    ) -> torch.Tensor:
+        count = None if num_items is None else num_items[part][_UNIT_INDEX[objective.normalized_by]]
+        loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
+        if self.probes.running and model.training and part == "forget":
+            self.probes.accumulate(loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits)
+        if objective.needs_refusal or objective.needs_alternate:
+            loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
+        return objective.fn(loss_inputs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """Weighted sum of the objectives whose part (``forget``, ``retain``) is in ``inputs`` (unweighted parts
+        while training with gradient surgery, whose combination applies the weights).
+
+        ``num_items_in_batch`` is what :meth:`_get_num_items_in_batch` counted over the accumulation window: each
+        objective divides its sum by its unit's count there, so accumulated micro-batches of any lengths give the
+        big batch's mean (Trainer's treatment of ``num_items_in_batch``). When the counts were summed over
+        processes, the loss is multiplied by the number of processes, since DDP averages gradients, as Trainer
+        does under ``average_tokens_across_devices``.
+        """
+        # With gradient surgery each part's backward carries its unweighted loss and the combination applies the
+        # weights (as the SAGO reference code does); the weights then never enter a gradient twice.
+        weighted = not (model.training and self.args.gradient_surgery != "sum")
+        total = None
+        for part, objective, weight in self._parts():
+            if part not in inputs:
+                continue
+            loss = self._objective_loss(model, inputs, part, objective, num_items_in_batch)
+            if num_items_in_batch is not None and self._items_are_global:
+                loss = loss * self.accelerator.num_processes
+            if model.training:
+                self.losses.track(part, loss.detach())
+            if weighted:
+                loss = weight * loss
+            total = loss if total is None else total + loss
+        if total is None:
+            raise ValueError(f"compute_loss got none of the parts {PARTS}; inputs have {sorted(inputs)}.")
+        return (total, None) if return_outputs else total
+
+    # --- training step ----------------------------------------------------------------------------------
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> dict[str, torch.Tensor] | None:
+        """Per part, ``[answer tokens, sequences, attended tokens]`` over the whole accumulation window, summed over
+        processes with ``average_tokens_across_devices`` (one small all-gather per optimizer step, as Trainer)."""
+        counts = window_counts(batch_samples, device, PARTS)
+        self._items_are_global = bool(self.args.average_tokens_across_devices and self.args.world_size > 1)
+        if counts and self._items_are_global:
+            stacked = self.accelerator.gather(torch.stack(list(counts.values())).unsqueeze(0)).sum(0)
+            counts = dict(zip(counts, stacked))
+        return counts
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        """Backward the forget part, then the retain part, each through Trainer's ``training_step``.
+
+        Two backward passes keep one graph alive at a time and give each loss its own gradient. With
+        ``gradient_surgery='sum'`` the weighted losses simply accumulate into ``p.grad`` (the gradient of the
+        summed loss). Otherwise the forget gradient accumulates in a separate store over the whole window (swapped
+        in and out of ``p.grad``, so DDP all-reduces it too) and the two unweighted gradients are combined in place
+        with gamma = ``forget_weight`` and alpha = ``retain_weight`` once, at the window's last micro-batch, before
+        Trainer clips and steps.
+        """
+        if num_items_in_batch is None:
+            # Called outside Trainer's loop: count this micro-batch and scale it to the window, which gives each
+            # micro-batch's mean divided by the accumulation steps (Trainer's own fallback).
+            counts = self._get_num_items_in_batch([inputs], self.args.device)
+            steps = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+            num_items_in_batch = {part: count * steps for part, count in counts.items()}
+        surgery = self.args.gradient_surgery != "sum"
+        if surgery and self.is_fsdp_enabled and not self.accelerator.sync_gradients:
+            # FSDP2 accumulates unsynchronised gradients in its own unsharded buffers, where the forget and the
+            # retain part would mix; reduce-scatter every micro-batch's parts into p.grad instead (as ZeRO-2 does).
+            model.set_requires_gradient_sync(True)
+        forget_part = {key: value for key, value in inputs.items() if key != "retain"}
+        if surgery:
+            self.surgery.swap(self._trainable())
+        with self._no_deepspeed_step_before_the_retain_part("retain" in inputs):
+            loss = super().training_step(model, forget_part, num_items_in_batch)
+        if surgery:
+            self.surgery.swap(self._trainable())
+            loss = self.args.forget_weight * loss  # what Trainer logs is the weighted total either way
+        if "retain" in inputs:
+            retain = super().training_step(model, {"retain": inputs["retain"]}, num_items_in_batch)
+            loss = loss + (self.args.retain_weight * retain if surgery else retain)
+        if self.accelerator.sync_gradients:
+            names = {part: objective.name for part, objective, _ in self._parts()}
+            self.losses.end_of_step(names, self.state.global_step + 1)
+            if surgery:
+                self.surgery.combine(self._trainable())
+        return loss
+
+    @contextmanager
+    def _no_deepspeed_step_before_the_retain_part(self, retain_follows: bool):
+        """DeepSpeed steps its optimizer inside the backward at an accumulation boundary; the forget backward must
+        not be that boundary when the retain backward of the same micro-batch is still to come."""
+        sync = self.accelerator.sync_gradients
+        defer = retain_follows and sync and self.is_deepspeed_enabled
+        if defer:
+            self.accelerator.gradient_state._set_sync_gradients(False)
+        try:
+            yield
+        finally:
+            if defer:
+                self.accelerator.gradient_state._set_sync_gradients(sync)
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """Trainer's estimate (6 x tokens x parameters) summed over the forget, retain and refusal batches."""
+        parent = super()
+        return sum(parent.floating_point_ops(batch) for batch in inputs.values() if isinstance(batch, Mapping))
+
+    def _track_num_input_tokens(self, inputs: dict[str, Any]) -> None:
+        """Trainer's count of input tokens seen (``include_num_input_tokens_seen``), over every part of the batch."""
+        for batch in inputs.values():
+            if isinstance(batch, Mapping):
+                super()._track_num_input_tokens(batch)
+
+    def _trainable(self) -> list[torch.Tensor]:
+        """The trainable parameters as the optimizer steps them, bound at their first use in a ``train()`` call
+        (from the first probe's snapshot on): FSDP2 replaces the module's parameters with sharded ones when the model
+        is prepared, and after a forward with ``reshard_after_forward=False`` the module even holds the *unsharded*
+        ones, which never get a gradient; the optimizer's are the sharded ones. Binding any earlier would also keep
+        the pre-sharding tensors (a whole model per process) alive."""
+        if self._trainable_params is None:
+            if self.is_fsdp_enabled and self.optimizer is not None:
+                params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            else:
+                params = list(self.model.parameters())
+            self._trainable_params = [p for p in params if p.requires_grad]
+            self.surgery.reset(len(self._trainable_params))
+        return self._trainable_params
+
+    @property
+    def _runs_zero3(self) -> bool:
+        return bool(self.is_deepspeed_enabled and zero_stage(self.accelerator) == 3)
+
+    @property
+    def weights_are_sharded(self) -> bool:
+        """Whether no process holds the whole model (FSDP, DeepSpeed ZeRO-3): forwards must then run on every
+        process, and whole-model checks (quantization, audit) belong to the saved model."""
+        return bool(self.is_fsdp_enabled or self._runs_zero3)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Add, to Trainer's training logs, the mean forget/retain losses and surgery statistics since the last
+        log (read from the device here, once per log) and the latest probe numbers."""
+        if "loss" in logs:  # training logs only; Trainer calls this on every process
+            gather = self.accelerator.gather if self.args.world_size > 1 else (lambda total: total)
+            logs.update(self.losses.read_means(gather))
+            logs.update(self.surgery.read_means())
+            logs.update(self.probes.latest)
+            self.probes.latest = {}
+        super().log(logs, start_time)
+
+    # --- probing: the shared ProbeState ------------------------------------------------------------------
+
+    def probe(self) -> dict[str, float]:
+        """The stopping rule's measurement now (see :meth:`ProbeState.probe`)."""
+        return self.probes.probe()
+
+    def exact_reproduction_bound(self, examples: Sequence[Mapping[str, Any]] | None = None) -> dict[str, float]:
+        """MASC Proposition 1 on ``examples`` (default: the trained forget examples), at beta = 1."""
+        if examples is None:
+            examples = [model_inputs(self.train_dataset.forget[i]) for i in range(len(self.train_dataset))]
+        return self.probes.exact_reproduction_bound(examples)
+
+    def _bind_stopping_callback(self, callback: ViolationStoppingCallback) -> None:
+        guard = callback.utility_floor is not None and bool(self.args.restore_on_failure)
+        self.probes.bind(callback, guard=guard, keep_best=bool(self.args.keep_best_state))
+
+    # --- evaluation -------------------------------------------------------------------------------------
+
+    def evaluate(
+        self,
+        eval_dataset: Any = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+        retain_only_truth_ratios: Sequence[float] | None = None,
+    ) -> dict[str, float]:
+        """Unlearning metrics of the current model through Trainer's ``evaluate`` (its logging, speed metrics,
+        ``on_evaluate`` callbacks and memory tracking), whose loop is :meth:`evaluation_loop`: ROUGE-L, Prob, exact
+        match and truth ratio on the forget and retain sets, model utility, the exact-reproduction bound and, given
+        the retain-only model's forget truth ratios, forget quality (:func:`hf_unlearn.evaluation.evaluate_unlearning`,
+        the code path of ``hf-unlearn eval``). ``eval_dataset`` (a retain-like set, or a dict of them) adds sets that
+        count towards model utility, rather than being evaluated one by one as in Trainer. Logged as
+        ``eval_forget_rouge_l_recall`` etc. ``ignore_keys`` is accepted for Trainer's signature and has no effect: no
+        model outputs are gathered."""
+        for name, records in (("forget", self.forget_records), ("retain", self.retain_records)):
+            if records is not None and "question" not in getattr(records, "column_names", records[0]):
+                raise ValueError(
+                    f"evaluate() reads the {name} set's question and answer columns, which it does not have; "
+                    "build it with hf_unlearn.build_qa_dataset, which keeps them."
+                )
+        if eval_dataset is None and self.eval_dataset is not self.forget_records:
+            eval_dataset = self.eval_dataset
+        extra = eval_dataset if isinstance(eval_dataset, dict) else {"eval": eval_dataset} if eval_dataset else None
+        self._evaluation_extra = (extra, retain_only_truth_ratios)
+        try:
+            return super().evaluate(self.forget_records, ignore_keys, metric_key_prefix)
+        finally:
+            self._evaluation_extra = (None, None)
+
+    def evaluation_loop(
+        self,
+        dataloader: Any,
+        description: str,
+        prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """For ``evaluate()``: the unlearning metrics instead of a loss over batches (``predict()`` keeps Trainer's
+        loop)."""
+        if description != "Evaluation":
+            return super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        from ..evaluation import evaluate_unlearning
+
+        extra, retain_only_truth_ratios = self._evaluation_extra
+        result = evaluate_unlearning(
+            self.accelerator.unwrap_model(self.model),
+            self.processing_class,
+            self.forget_records,
+            self.retain_records,
+            retain_only_truth_ratios=retain_only_truth_ratios,
+            extra_retain_sets=extra,
+            k=self.args.masc_k,
+            rho=self.args.masc_rho,
+        )
+        metrics: dict[str, float] = {}
+        for name, value in result.items():
+            if isinstance(value, dict):
+                metrics.update({f"{metric_key_prefix}_{name}_{k}": v for k, v in value.items() if v is not None})
+            elif isinstance(value, (int, float)):
+                metrics[f"{metric_key_prefix}_{name}"] = value
+        return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=len(self.forget_records))
+
+    # --- the run record ---------------------------------------------------------------------------------
+
+    def _make_record(self, final: bool) -> UnlearnRecord:
+        """The run record (:func:`~hf_unlearn.training.record_builder.build_record`) of the trainer's state now.
+        ``final`` (once, at the end of ``train()``, on every process) adds the exact-reproduction bound, which needs
+        forward passes; the record saved with a checkpoint is built without running the model."""
+        model = self.accelerator.unwrap_model(self.model)
+        adapter = None
+        if is_peft_model(model):
+            adapter = str(model.peft_config[model.active_adapter].peft_type.value).lower()
+            model = model.get_base_model()
+        return build_record(
+            self.args,
+            self._objectives(),
+            self.state,
+            self.stopping_callback,
+            model,
+            adapter,
+            self._datasets,
+            probe_seconds=self.probes.seconds,
+            restored_step=self.probes.restored_step,
+            wall_seconds=self._train_seconds,
+            forget_fingerprint=self.forget_fingerprint,
+            earlier_requests=self.earlier_requests,
+            objective_state=self.objective_state_callback.state()["attributes"]["states"],
+            exact_reproduction_bound=self.exact_reproduction_bound() if final else None,
+            previous=getattr(self, "record", None),
+        )
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """Trainer's ``train``, after checking the output folder (an earlier run there is refused unless
+        ``overwrite_output_dir`` or a resume; it must be writable) so that nothing is trained that cannot be saved."""
+        if self.is_world_process_zero():
+            prepare_output_dir(
+                self.args.output_dir, self.args.overwrite_output_dir, resuming=bool(resume_from_checkpoint)
+            )
+        start = time.perf_counter()
+        self._trainable_params = None
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.args.keep_best_state and self.stopping_callback.stop_kind is None and "best" in self.probes.snapshots:
+            self.probes.restore("best")
+        self._train_seconds = time.perf_counter() - start
+        self.record = self._make_record(final=True)
+        if self.record.stop_kind == "budget" and self.record.stopping_rule:
+            logger.warning(
+                f"Unlearning ended without meeting its stopping rule: {self.record.stop_reason}. To let it stop "
+                "itself, give it more steps (max_steps), a larger learning_rate or forget_weight, or a looser "
+                "target (stop_alpha, or a calibration_dataset with stop_target='calibration')."
+            )
+        return output
+
+    # --- saving, model card and Hub -----------------------------------------------------------------------
+
+    def _write_record_and_card(self, output_dir: str) -> None:
+        from ..outputs.model_card import write_model_card
+
+        record = self.record if self.record.complete else self._make_record(final=False)
+        record.save(output_dir)
+        save_ledger(full_ledger(record), output_dir)
+        write_model_card(record, output_dir, repo_id=self.args.hub_model_id)
+        model = self.accelerator.unwrap_model(self.model)
+        if is_peft_model(model):
+            # PEFT's own card metadata (library_name: peft, base_model, adapter tags) on top of the unlearning card.
+            model.create_or_update_model_card(output_dir)
+
+    def create_model_card(self, model_name: str | None = None, tags: Any = None, **kwargs: Any) -> None:
+        """Write README.md (the unlearning model card, from the run record) into ``output_dir``; replaces
+        Trainer's generic draft."""
+        if not self.is_world_process_zero():
+            return
+        if model_name or tags:
+            extra = dict(self.record.extra)
+            if model_name:
+                extra["model_name"] = model_name
+            if tags:
+                extra["tags"] = sorted(set([tags] if isinstance(tags, str) else tags))
+            self.record.update(extra=extra)
+        self._write_record_and_card(self.args.output_dir)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save as Trainer does, plus ``unlearn_record.json`` and the model card it writes, so every checkpoint
+        and final save says what was done. Nothing is measured here: the record is read, not recomputed."""
+        super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            self._write_record_and_card(output_dir or self.args.output_dir)
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
+        """Push as Trainer does, but first make sure the Hub is reachable, so that without a network nothing is
+        written or changed on disk before the failure."""
+        from ..outputs.hub import ensure_hub_reachable
+
+        ensure_hub_reachable(self.args.output_dir)
+        return super().push_to_hub(*args, **kwargs)
+
+    def _load_callback_state(self) -> None:
+        super()._load_callback_state()
+        # Trainer rebuilds stateful callbacks from their exported args; give the rebuilt one its probe back.
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, ObjectiveStateCallback):
+                callback.bind(self._update_objective_states)
+                self.objective_state_callback = callback
+            if isinstance(callback, ViolationStoppingCallback):
+                self._bind_stopping_callback(callback)
+                self.stopping_callback = callback
+                # One process's sums are in the checkpoint; with several, the next probe counts from the resume.
+                saved = callback.running_sums if self.accelerator.num_processes == 1 else None
+                self.probes.restore_running(saved)
+
+
+__all__ = ["UnlearnTrainer", "is_peft_model"]
