@@ -5,12 +5,12 @@
 
 A randomly initialised Llama of about 0.5B parameters (hidden 1024, 24 layers; no download) in bf16 unlearns random
 token sequences (256 tokens, batch 8, forget and retain) with MASC + KL. One subprocess per setting, so each peak is
-its own: full fine-tuning with gradient_surgery sum / sago / pcgrad, LoRA r16 (all linear layers) with sum / sago,
-and full fine-tuning under FSDP2 on one process (torchrun, fully_shard). Each row: optimizer steps per second after
-3 warm-up steps (probes off, so the rate is the training step's), the peak of torch.cuda.max_memory_allocated, and
-the bytes the trainer holds by hf_unlearn.training.memory's prediction, so the table shows what activations and temporaries
-add. The surgery rows also give their step time as a ratio to `sum`'s, measured in the same run. A setting that
-fails is reported with its error; the others still run. The output says what was measured, on what, and when.
+its own: full fine-tuning with gradient_surgery sum / sago / pcgrad, LoRA r16 (all linear layers) with sum / sago, and
+full fine-tuning under FSDP2 on one process (torchrun, fully_shard). Each row: optimizer steps per second after 3 warm-
+up steps (probes off, so the rate is the training step's), the peak of torch.cuda.max_memory_allocated, and the bytes
+the trainer holds by hf_unlearn.training.memory's prediction, so the table shows what activations and temporaries add.
+The surgery rows also give their step time as a ratio to `sum`'s, measured in the same run. A setting that fails is
+reported with its error; the others still run. The output says what was measured, on what, and when.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
     python benchmarks/memory_table.py [--steps 3] [--json out.json] [--skip-measured]
 
-Part 1 (measured, one subprocess per setting, the real SmolLM2-135M-Instruct): the bytes the trainer holds just
-before an optimizer step, counted tensor by tensor (hf_unlearn.training.memory.StateBytesCallback), against the prediction
-(hf_unlearn.memory.predicted_state_bytes), and the process's peak resident memory (VmHWM) with its baseline after
-the imports, so that what the prediction leaves out (activations, the probe's forwards, allocator slack, libraries)
-is visible too.
+Part 1 (measured, one subprocess per setting, the real SmolLM2-135M-Instruct): the bytes the trainer holds just before
+an optimizer step, counted tensor by tensor (hf_unlearn.training.memory.StateBytesCallback), against the prediction
+(hf_unlearn.training.memory.predicted_state_bytes), and the process's peak resident memory (VmHWM) with its baseline
+after the imports, so that what the prediction leaves out (activations, the probe's forwards, allocator slack,
+libraries) is visible too.
 
 Part 2 (projected): the prediction for Llama-3.2-1B, Llama-3.1-8B and Llama-3.1-70B (parameter counts from the
 architectures built on the meta device, no weights), bf16 weights as on a GPU, per GPU for 1 GPU, and the smallest
