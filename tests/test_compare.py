@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hf_unlearn.cli.main import main
-from hf_unlearn.jobs.compare import _summary, in_region
+from hf_unlearn.jobs.compare import in_region, summarize_runs
 
 REGION = {
     "forget_rouge_l_recall_max": 0.6,
@@ -36,7 +36,7 @@ def test_summary_picks_the_lr_where_most_seeds_land_then_the_faster():
         run(1e-4, 0, True, 9.0, 10.0), run(1e-4, 1, True, 7.0, 10.0),  # both seeds land, mean 8 s
         run(1e-3, 0, True, 2.0, 5.0), run(1e-3, 1, False, None, 5.0),  # one seed lands, faster
     ]  # fmt: skip
-    summary = _summary(runs, "landed", "time")
+    summary = summarize_runs(runs, "landed", "time")
     assert summary["best_learning_rate"] == 1e-4 and summary["seeds_landed_at_best"] == 2
     assert summary["time_to_region_seconds"] == pytest.approx(8.0)
     assert summary["landed"] == 3 and summary["runs"] == 4

@@ -2,6 +2,7 @@
 and column names), then `hf-unlearn eval` end to end on them."""
 
 import json
+import os
 
 import pytest
 from conftest import tiny_model_folder, write_hub_repo
@@ -135,3 +136,44 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
     leaks = json.loads((again / "eval.json").read_text())["muse"]["privleak"]
     assert leaks == {"loss": 0.0, "zlib": 0.0, "min_k": 0.0, "min_k_plus_plus": 0.0, "gradnorm": 0.0}
     assert "PrivLeak, min_k" in (again / "eval.md").read_text()
+
+
+# --- a folder of TOFU rows (../shared/tofu: real rows of TOFU, see its README) -----------------------------------
+
+TOFU_DIR = os.environ.get(
+    "HF_UNLEARN_TOFU_DIR", os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared", "tofu")
+)
+needs_tofu_rows = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(TOFU_DIR, "authors.jsonl")), reason=f"no TOFU rows at {TOFU_DIR}"
+)
+
+
+@needs_tofu_rows
+def test_the_tofu_loader_reads_the_real_rows():
+    from hf_unlearn.data.loaders import load_tofu_folder
+
+    sets = load_tofu_folder(TOFU_DIR)
+    authors = sets["authors"]
+    assert len(authors) == 300 and sorted(set(authors["author"])) == list(range(15))
+    assert all(authors["author"].count(a) == 20 for a in range(15))
+    assert authors[0]["answer"].startswith("The author in question is Jaime Vasquez")
+    real = sets["real_authors"]
+    assert len(real) == 100 and len(sets["world_facts"]) == 117
+    first = real[0]
+    assert first["question"] == "Who wrote the play 'Romeo and Juliet'?" and first["answer"] == "William Shakespeare"
+    assert len(first["perturbed_answer"]) == 3 and first["paraphrased_answer"] == first["answer"]
+
+
+def test_a_tofu_folder_without_author_ids_groups_twenty_rows_per_author_and_a_missing_file_is_named(tmp_path):
+    from hf_unlearn.data.loaders import load_tofu_folder
+
+    rows = [{"question": f"Q{i}?", "answer": f"A{i}."} for i in range(45)]  # TOFU's `full` layout, no author column
+    (tmp_path / "authors.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    sets = load_tofu_folder(str(tmp_path))
+    assert sets["authors"]["author"] == [0] * 20 + [1] * 20 + [2] * 5 and set(sets) == {"authors"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no authors.jsonl"):
+        load_tofu_folder(str(empty))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_tofu_folder(str(tmp_path / "nowhere"))

@@ -212,8 +212,9 @@ def eval_main(argv: list[str]) -> dict:
 
 
 def compare_main(argv: list[str]) -> dict:
-    """Every method on the embedded benchmark, side by side (see hf_unlearn.compare)."""
-    from ..jobs.compare import CompareArguments, run_compare
+    """Every method on the embedded benchmark or TOFU, side by side (see hf_unlearn.jobs.compare)."""
+    from ..jobs.compare import CompareArguments
+    from ..jobs.compare_setups import run_compare
 
     (compare_args,) = _parse((CompareArguments,), argv)
     return run_compare(compare_args)

@@ -182,8 +182,13 @@ def map_columns(dataset: Dataset, kind: str) -> Dataset:
 def load_tofu(config: str, path: str = TOFU_HUB_ID) -> Dataset:
     """One TOFU config (``forget10_perturbed``, ``retain_perturbed``, ``real_authors_perturbed``, ...) with
     hf_unlearn's columns. Plain configs (``forget10``, ``retain90``) have question and answer only."""
-    dataset = load_records(path, config, "train")
-    if config.startswith(("real_authors", "world_facts")) and "paraphrased_answer" not in dataset.column_names:
+    return _tofu_columns(load_records(path, config, "train"), config.startswith(("real_authors", "world_facts")))
+
+
+def _tofu_columns(dataset: Dataset, real_knowledge: bool) -> Dataset:
+    """TOFU rows with hf_unlearn's columns; the real-authors / world-facts sets (``real_knowledge``) get their answer
+    as the truth ratio's base answer, as TOFU compares their perturbed answers with the answer itself."""
+    if real_knowledge and "paraphrased_answer" not in dataset.column_names:
         if "perturbed_answer" not in dataset.column_names:
             return map_columns(dataset, "qa")
         dataset = map_columns(dataset, "tofu_multiple_choice")
@@ -191,6 +196,49 @@ def load_tofu(config: str, path: str = TOFU_HUB_ID) -> Dataset:
     if "perturbed_answer" in dataset.column_names:
         return map_columns(dataset, "tofu_qa")
     return map_columns(dataset, "qa")
+
+
+#: TOFU's layout: each fictitious author has 20 consecutive question/answer pairs (``full``, 4,000 rows).
+TOFU_QUESTIONS_PER_AUTHOR = 20
+#: The files of a TOFU folder (:func:`load_tofu_folder`): the authors' QA, then the optional real-knowledge sets.
+TOFU_FOLDER_FILES = ("authors.jsonl", "real_authors.jsonl", "world_facts.jsonl")
+
+
+def load_tofu_folder(folder: str) -> dict[str, Dataset]:
+    """A folder of TOFU rows: ``authors`` (``authors.jsonl`` with ``question``, ``answer`` and an ``author`` id;
+    without the id, rows are grouped 20 per author in order, TOFU's own layout) and, when their files are there,
+    ``real_authors`` and ``world_facts`` (``question``, ``answer``, ``perturbed_answer``: TOFU's utility on real
+    knowledge). Each file is read with :func:`load_records` (JSON, JSONL, CSV or Parquet by extension: the ``.jsonl``
+    names may also be ``.json``, ``.csv`` or ``.parquet``)."""
+    folder = os.path.expanduser(folder)
+    if not os.path.isdir(folder):
+        raise missing_path_error(folder, "The TOFU folder")
+
+    def find(stem: str) -> str | None:
+        for extension in DATA_FILE_FORMATS:
+            path = os.path.join(folder, stem + extension)
+            if os.path.isfile(path):
+                return path
+        return None
+
+    authors_file = find("authors")
+    if authors_file is None:
+        raise FileNotFoundError(
+            f"{folder!r} holds no authors.jsonl (question, answer, author per row): a TOFU folder holds "
+            f"{', '.join(TOFU_FOLDER_FILES)} (the last two optional)."
+        )
+    rows = load_records(authors_file)
+    ids = (
+        [int(a) for a in rows["author"]]
+        if "author" in rows.column_names
+        else [i // TOFU_QUESTIONS_PER_AUTHOR for i in range(len(rows))]
+    )
+    sets = {"authors": map_columns(rows, "qa").add_column("author", ids)}
+    for name in ("real_authors", "world_facts"):
+        path = find(name)
+        if path is not None:
+            sets[name] = _tofu_columns(load_records(path), real_knowledge=True)
+    return sets
 
 
 def tofu_evaluation_sets(split: str = "forget10", path: str = TOFU_HUB_ID) -> dict[str, Dataset]:

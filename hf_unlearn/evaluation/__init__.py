@@ -1,7 +1,8 @@
 """Evaluation: TOFU's metrics (:mod:`.metrics`), membership attacks (:mod:`.membership`), MUSE's VerbMem and KnowMem
 (:mod:`.muse`) and the benchmark suites that combine them (:mod:`.suites`)."""
 
-from .bundle import measure_qa_sets, qa_membership_auc
+from .bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, measure_qa_sets, qa_membership_auc, real_knowledge_utility
+from .fluency import answer_fluency, distinct_3, fluent_like, repetition
 from .membership import (
     ATTACKS,
     FORWARD_ATTACKS,
@@ -49,6 +50,12 @@ from .suites import (
 )
 
 __all__ = [
+    "REAL_KNOWLEDGE_MAX_NEW_TOKENS",
+    "answer_fluency",
+    "distinct_3",
+    "fluent_like",
+    "real_knowledge_utility",
+    "repetition",
     "measure_qa_sets",
     "qa_membership_auc",
     "ATTACKS",

@@ -11,7 +11,21 @@ from typing import Any
 
 from ..data.prompts import prompt_and_completion
 from .membership import membership_auc, membership_scores
-from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, truth_ratios
+from .metrics import (
+    evaluate_qa,
+    forget_quality,
+    forget_truth_ratio,
+    model_utility,
+    normalized_probabilities,
+    retain_truth_ratio,
+    truth_ratios,
+)
+
+#: Answer length allowed on the real-knowledge sets. Their reference answers are a name or a few words, but a
+#: pretrained chat model answers in a sentence ("The play 'Romeo and Juliet' was written by William Shakespeare."):
+#: cut at the reference's length plus a few tokens, the name is never reached and ROUGE-L recall reads ~0 on a model
+#: that knows the fact. TOFU generates up to 200 tokens; 48 holds such a sentence.
+REAL_KNOWLEDGE_MAX_NEW_TOKENS = 48
 
 
 def qa_membership_auc(
@@ -61,4 +75,34 @@ def measure_qa_sets(
             forget["forget_quality"] = forget_quality(ratios, retain_only_truth_ratios)
     if membership_holdout is not None:
         forget["membership_auc"] = qa_membership_auc(model, tokenizer, records, membership_holdout, prompt_template)
+    return measured
+
+
+def real_knowledge_utility(
+    model: Any,
+    tokenizer: Any,
+    sets: Mapping[str, Any],
+    prompt_template: str | None = None,
+    max_new_tokens: int = REAL_KNOWLEDGE_MAX_NEW_TOKENS,
+) -> dict[str, Any]:
+    """Model utility on real knowledge the way TOFU measures it (Maini et al. 2024, §2.5) on its real-authors and
+    world-facts sets (records with ``question``, ``answer``, ``perturbed_answer``): per set ROUGE-L recall of the
+    greedy answer, Prob normalised over the answer and its perturbed answers, and the truth ratio aggregated as
+    ``mean(max(0, 1 - TR))``; ``utility`` is the harmonic mean of all of them (TOFU's model utility, without the
+    retain set's three values, which are reported beside it)."""
+    measured: dict[str, Any] = {}
+    values: list[float] = []
+    for name, records in sets.items():
+        qa = evaluate_qa(model, tokenizer, records, max_new_tokens=max_new_tokens, prompt_template=prompt_template)
+        options = normalized_probabilities(model, tokenizer, records, prompt_template=prompt_template)
+        ratios = truth_ratios(model, tokenizer, records, prompt_template=prompt_template)
+        row = {
+            "rouge_l_recall": qa["rouge_l_recall"],
+            "probability": sum(options) / len(options) if options else float("nan"),
+            "truth_ratio": retain_truth_ratio(ratios),
+            "num_examples": qa["num_examples"],
+        }
+        measured[name] = row
+        values += [row["rouge_l_recall"], row["probability"], row["truth_ratio"]]
+    measured["utility"] = model_utility(values) if values else float("nan")
     return measured

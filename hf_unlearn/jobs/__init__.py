@@ -1,9 +1,11 @@
 """What the ``hf-unlearn`` commands run: loading and building (:mod:`.models`), unlearning with a report
 (:mod:`.unlearn`), the demo on the embedded benchmarks (:mod:`.demo`), the checks of a saved model (:mod:`.checks`),
-sequential requests (:mod:`.sequence`) and the side-by-side comparison of methods (:mod:`.compare`)."""
+sequential requests (:mod:`.sequence`) and the side-by-side comparison of methods (:mod:`.compare`, on the settings
+of :mod:`.compare_setups`, written out by :mod:`.compare_report`)."""
 
 from .checks import run_audit_job, run_eval_job, run_quant_check_job, run_relearn_check_job
-from .compare import CompareArguments, run_compare
+from .compare import CompareArguments
+from .compare_setups import run_compare
 from .demo import run_demo
 from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
 from .sequence import ForgetRequest, SequenceResult, unlearn_sequentially

