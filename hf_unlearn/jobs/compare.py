@@ -369,6 +369,7 @@ def race(cli: CompareArguments, setting: CompareSetting) -> dict:
                     "seed": seed,
                     "seconds": record.wall_seconds,
                     "probe_seconds": record.probe_seconds,
+                    "probe_seconds_by_set": record.probe_seconds_by_set,
                     "measure_seconds": measure_seconds,
                     "steps": record.global_step,
                     "stop_kind": record.stop_kind,

@@ -122,6 +122,8 @@ class ProbeState:
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
         self.latest: dict[str, float] = {}  # the last probe's numbers, for Trainer's next log
         self.seconds = 0.0
+        # Seconds per probe set ('train', 'holdout', 'calibration', 'retain'), the split of ``seconds``.
+        self.seconds_by_set: dict[str, float] = {}
         self.snapshots: dict[str, tuple[int, list[torch.Tensor]]] = {}
         self.restored_step: int | None = None
 
@@ -242,17 +244,28 @@ class ProbeState:
             train_examples = int(forget_running[2])
             if "forget_margins" in running:
                 forget_margins["train"] = running["forget_margins"]
+
+        def timed(name: str, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+            began = time.perf_counter()
+            result = self.measure_margins(examples)
+            self.seconds_by_set[name] = self.seconds_by_set.get(name, 0.0) + time.perf_counter() - began
+            return result
+
         for name, examples in (("train", self.sets.train), ("holdout", self.sets.holdout)):
             if not examples or f"violation_rate_{name}" in measured:
                 continue
-            margins = self.measure_margins(examples)
+            margins = timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
             forget_margins[name] = margins["margins"]
             if name == "train":
                 train_examples = len(margins["fractions"])
         if self.sets.calibration:
+            began = time.perf_counter()
             calibration = self._measure_calibration()
+            self.seconds_by_set["calibration"] = (
+                self.seconds_by_set.get("calibration", 0.0) + time.perf_counter() - began
+            )
             measured["violation_rate_calibration"] = calibration["fractions"].mean().item()
             measured["calibration_probability"] = calibration["probabilities"].mean().item()
             if self.args.stop_probe in forget_margins:
@@ -263,7 +276,7 @@ class ProbeState:
         measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]
         measured["num_examples"] = train_examples if stop_probe == "train" else len(self.sets.holdout)
         if self.sets.retain:
-            retain = self.measure_margins(self.sets.retain)
+            retain = timed("retain", self.sets.retain)
             measured["retain_probability"] = retain["probabilities"].mean().item()
         measured = self._agree_across_processes(measured)
         self.latest.update({key: value for key, value in measured.items() if key != "num_examples"})

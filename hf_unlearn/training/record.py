@@ -48,7 +48,8 @@ class UnlearnRecord:
         exact_reproduction_bound: MASC Proposition 1 over the trained forget examples at the end (``mean``,
             ``max``, ``violation_rate``, ``rho``, ``k``); ``None`` in a checkpoint's record.
         wall_seconds: training time of the ``train()`` call that finished the run, probes included; probe_seconds:
-            the part of it spent in probes.
+            the part of it spent in probes; probe_seconds_by_set: that part per probe set (``train``, ``holdout``,
+            ``calibration``, ``retain``; a running 'train' probe costs no forward and is absent).
         complete: ``False`` for the record saved with a checkpoint, while training goes on.
         before / after: per split (``forget``, ``retain``) metric dicts, when measured.
         evaluation: evaluation summaries (e.g. forget quality, model utility) ``{"before": ..., "after": ...}``.
@@ -90,6 +91,7 @@ class UnlearnRecord:
     exact_reproduction_bound: dict[str, Any] | None = None
     wall_seconds: float | None = None
     probe_seconds: float = 0.0
+    probe_seconds_by_set: dict[str, float] = field(default_factory=dict)
     complete: bool = False
     before: dict[str, dict[str, Any]] = field(default_factory=dict)
     after: dict[str, dict[str, Any]] = field(default_factory=dict)

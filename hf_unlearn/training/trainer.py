@@ -606,6 +606,7 @@ class UnlearnTrainer(Trainer):
             adapter,
             self._datasets,
             probe_seconds=self.probes.seconds,
+            probe_seconds_by_set=self.probes.seconds_by_set,
             restored_step=self.probes.restored_step,
             wall_seconds=self._train_seconds,
             forget_fingerprint=self.forget_fingerprint,
