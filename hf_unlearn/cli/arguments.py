@@ -91,6 +91,38 @@ class LoraArguments:
 
 
 @dataclass
+class LmEvalArguments:
+    """Utility on standard benchmarks through lm-evaluation-harness (the optional lm_eval extra), shared by `eval`,
+    `run` (measured before and after unlearning) and `audit`."""
+
+    lm_eval_tasks: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "lm-evaluation-harness tasks to score the model on (e.g. mmlu, or tofu_real_authors "
+            "tofu_world_facts with --lm_eval_tofu_dir); needs pip install 'hf_unlearn[lm_eval]'. Default: none."
+        },
+    )
+    lm_eval_include_path: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Folders of your own lm-eval task YAML files, searched besides lm-eval's own tasks."},
+    )
+    lm_eval_tofu_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "A folder with TOFU's real_authors.jsonl and world_facts.jsonl: the shipped tasks "
+            "tofu_real_authors and tofu_world_facts are written for it into OUTPUT_DIR/lm_eval_tasks and searched too."
+        },
+    )
+    lm_eval_limit: int | None = field(
+        default=None, metadata={"help": "Score only the first N documents of each lm-eval task (default: all)."}
+    )
+    lm_eval_num_fewshot: int | None = field(
+        default=None, metadata={"help": "Few-shot examples per lm-eval question (default: each task's own)."}
+    )
+    lm_eval_batch_size: int = field(default=8, metadata={"help": "Batch size of the lm-eval forward passes."})
+
+
+@dataclass
 class DemoArguments:
     """Options of `hf-unlearn demo` besides the `UnlearnConfig` fields."""
 
@@ -123,7 +155,7 @@ class DemoArguments:
 
 
 @dataclass
-class RunArguments(ModelArguments, QADataArguments, LoraArguments):
+class RunArguments(ModelArguments, QADataArguments, LoraArguments, LmEvalArguments):
     """Options of `hf-unlearn run` besides the `UnlearnConfig` fields."""
 
     forget_subset: str | None = field(
@@ -254,7 +286,7 @@ class RelearnCheckArguments(CheckArguments, ReferenceModelArguments):
 
 
 @dataclass
-class AuditArguments(CheckArguments, ReferenceModelArguments):
+class AuditArguments(CheckArguments, ReferenceModelArguments, LmEvalArguments):
     """Options of `hf-unlearn audit`."""
 
     holdout_data: str | None = field(
@@ -267,7 +299,7 @@ class AuditArguments(CheckArguments, ReferenceModelArguments):
 
 
 @dataclass
-class EvalArguments(CheckArguments, ReferenceModelArguments):
+class EvalArguments(CheckArguments, ReferenceModelArguments, LmEvalArguments):
     """Options of `hf-unlearn eval`."""
 
     holdout_data: str | None = field(

@@ -1,5 +1,7 @@
-"""Evaluation: TOFU's metrics (:mod:`.metrics`), membership attacks (:mod:`.membership`), MUSE's VerbMem and KnowMem
-(:mod:`.muse`) and the benchmark suites that combine them (:mod:`.suites`)."""
+"""Evaluation: TOFU's metrics (:mod:`.metrics`), exact memorisation and extraction strength (:mod:`.memorization`),
+membership attacks (:mod:`.membership`), MUSE's VerbMem and KnowMem (:mod:`.muse`), the benchmark suites that combine
+them (:mod:`.suites`), and utility on standard benchmarks through lm-evaluation-harness (:mod:`.utility`, an optional
+extra imported only when used)."""
 
 from .bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, measure_qa_sets, qa_membership_auc, real_knowledge_utility
 from .fluency import answer_fluency, distinct_3, fluent_like, repetition
@@ -15,6 +17,13 @@ from .membership import (
     privleak,
     token_statistics,
     zlib_score,
+)
+from .memorization import (
+    evaluate_memorization,
+    exact_memorization,
+    extraction_strength,
+    memorization_scores,
+    teacher_forced_predictions,
 )
 from .metrics import (
     answer_log_probs,
@@ -34,6 +43,7 @@ from .metrics import (
     retain_truth_ratio,
     rouge_l_f1,
     rouge_l_recall,
+    score_teacher_forced,
     truth_ratios,
 )
 from .muse import (
@@ -48,6 +58,17 @@ from .suites import (
     evaluate_muse,
     qa_evaluation_sets,
 )
+from .utility import (
+    TASKS_DIR,
+    TOFU_TASKS,
+    LmEvalSettings,
+    MissingExtraError,
+    check_lm_eval_tasks,
+    lm_eval_markdown,
+    lm_eval_rows,
+    lm_eval_utility,
+    write_tofu_tasks,
+)
 
 __all__ = [
     "REAL_KNOWLEDGE_MAX_NEW_TOKENS",
@@ -59,6 +80,12 @@ __all__ = [
     "measure_qa_sets",
     "qa_membership_auc",
     "ATTACKS",
+    "TASKS_DIR",
+    "TOFU_TASKS",
+    "LmEvalSettings",
+    "MissingExtraError",
+    "check_lm_eval_tasks",
+    "write_tofu_tasks",
     "FORWARD_ATTACKS",
     "answer_log_probs",
     "answer_probability",
@@ -67,16 +94,23 @@ __all__ = [
     "default_max_new_tokens",
     "embedded_evaluation_sets",
     "evaluate_benchmark",
+    "evaluate_memorization",
     "evaluate_muse",
     "evaluate_qa",
     "evaluate_unlearning",
     "exact_match",
+    "exact_memorization",
+    "extraction_strength",
     "forget_quality",
     "forget_truth_ratio",
     "generate_answers",
     "generate_continuations",
     "gradient_norms",
     "knowmem",
+    "lm_eval_markdown",
+    "lm_eval_rows",
+    "lm_eval_utility",
+    "memorization_scores",
     "membership_auc",
     "membership_scores",
     "min_k_count",
@@ -91,6 +125,8 @@ __all__ = [
     "retain_truth_ratio",
     "rouge_l_f1",
     "rouge_l_recall",
+    "score_teacher_forced",
+    "teacher_forced_predictions",
     "token_statistics",
     "truth_ratios",
     "verbmem",

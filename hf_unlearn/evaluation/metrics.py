@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ __all__ = [
     "reproduction_bound",
     "rouge_l_f1",
     "rouge_l_recall",
+    "score_teacher_forced",
 ]
 
 
@@ -168,6 +169,51 @@ def left_pad(batch: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Ten
     return {"input_ids": torch.tensor(input_ids), "attention_mask": torch.tensor(attention_mask)}
 
 
+def score_teacher_forced(
+    model: Any,
+    examples: Sequence[Mapping[str, Any]],
+    pad_token_id: int,
+    score: Callable[[torch.Tensor, torch.Tensor], Sequence[Any]],
+    batch_size: int = 32,
+    show_progress: bool = False,
+    desc: str = "Scoring answers",
+) -> list[Any]:
+    """``score(logits, labels)`` of tokenized ``examples`` (``input_ids``, ``labels`` with ``-100`` outside the
+    answer), one result per example, teacher-forced, in the examples' order.
+
+    The examples are sorted by length and right-padded with :func:`hf_unlearn.data.pad_examples` in batches; the
+    forward runs under ``inference_mode`` with the model in eval mode (its training mode is restored afterwards).
+    ``score`` gets the logits and labels of one batch as a causal LM returns and takes them, ``(B, T', V)`` and
+    ``(B, T')`` (the token at ``t + 1`` is predicted by the logits at ``t``); when the model takes
+    ``logits_to_keep`` both start just before the batch's earliest answer token, so the LM head runs only where an
+    answer token is predicted. The one teacher-forced loop of the answer metrics (probabilities, truth ratios,
+    extraction strength, exact memorisation).
+    """
+    device = model_device(model)
+    examples, order = by_length(examples, lambda example: len(example["input_ids"]))
+    results: list[Any] = []
+    keep_supported = _accepts_logits_to_keep(model)
+    was_training = model.training
+    model.eval()
+    try:
+        total = math.ceil(len(examples) / batch_size)
+        with torch.inference_mode():
+            for batch in progress_bar(batches(examples, batch_size), total, desc, show_progress):
+                padded = {k: v.to(device) for k, v in pad_examples(batch, pad_token_id).items()}
+                labels = padded["labels"]
+                extra = {}
+                if keep_supported:
+                    # The LM head only where an answer token is predicted: from the earliest answer start on.
+                    first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
+                    labels = labels[:, max(first, 0) :]
+                    extra["logits_to_keep"] = labels.shape[1]
+                logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
+                results.extend(score(logits, labels))
+    finally:
+        model.train(was_training)
+    return restore_order(results, order)
+
+
 def answer_log_probs(
     model: Any,
     tokenizer: Any,
@@ -180,44 +226,22 @@ def answer_log_probs(
     """Per example ``(sum of the answer tokens' log-probabilities, number of answer tokens)``, teacher-forced.
 
     Examples are :func:`hf_unlearn.data.tokenize_qa` (answer tokens are those whose label is not ``-100``, EOS
-    included), right-padded with :func:`hf_unlearn.data.pad_examples`; the token at position ``t + 1`` is scored
-    by the logits at ``t``, as in a causal LM loss.
+    included), scored by :func:`score_teacher_forced`; the token at position ``t + 1`` is scored by the logits at
+    ``t``, as in a causal LM loss.
     """
     if len(questions) != len(answers):
         raise ValueError(f"Got {len(questions)} questions but {len(answers)} answers.")
-    pad_id = pad_token_id_of(tokenizer)
-    device = model_device(model)
-    examples, order = by_length(
-        [
-            tokenize_qa(tokenizer, q, a, prompt_template=prompt_template)
-            for q, a in zip(questions, answers, strict=True)
-        ],
-        lambda example: len(example["input_ids"]),
+    examples = [
+        tokenize_qa(tokenizer, q, a, prompt_template=prompt_template) for q, a in zip(questions, answers, strict=True)
+    ]
+
+    def sums_and_counts(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[float, int]]:
+        log_probs, mask = token_log_probs(logits, labels)
+        return list(zip(log_probs.sum(dim=-1).tolist(), mask.sum(dim=-1).tolist(), strict=True))
+
+    return score_teacher_forced(
+        model, examples, pad_token_id_of(tokenizer), sums_and_counts, batch_size, show_progress
     )
-    results: list[tuple[float, int]] = []
-    keep_supported = _accepts_logits_to_keep(model)
-    was_training = model.training
-    model.eval()
-    try:
-        total = math.ceil(len(examples) / batch_size)
-        with torch.inference_mode():
-            for batch in progress_bar(batches(examples, batch_size), total, "Scoring answers", show_progress):
-                padded = {k: v.to(device) for k, v in pad_examples(batch, pad_id).items()}
-                labels = padded["labels"]
-                extra = {}
-                if keep_supported:
-                    # The LM head only where an answer token is predicted: from the earliest answer start on.
-                    first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
-                    labels = labels[:, max(first, 0) :]
-                    extra["logits_to_keep"] = labels.shape[1]
-                logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
-                log_probs, mask = token_log_probs(logits, labels)
-                sums = log_probs.sum(dim=-1)
-                counts = mask.sum(dim=-1)
-                results.extend(zip(sums.tolist(), counts.tolist(), strict=True))
-    finally:
-        model.train(was_training)
-    return restore_order(results, order)
 
 
 def _accepts_logits_to_keep(model: Any) -> bool:
@@ -488,15 +512,20 @@ def evaluate_unlearning(
     prompt_template: str | None = None,
 ) -> dict[str, Any]:
     """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
-    are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1).
+    are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1); every set also gets
+    open-unlearning's exact memorisation and extraction strength (:mod:`hf_unlearn.evaluation.memorization`).
 
     ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
     ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
     (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
     ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.prompts`).
     """
+    # Here, not at the top: memorization builds on this module's batching.
+    from .memorization import evaluate_memorization
+
     shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
     result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, **shared)}
+    result["forget"].update(evaluate_memorization(model, tokenizer, forget, **shared))
     forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
     result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
     result["forget_truth_ratios"] = forget_ratios
@@ -505,6 +534,8 @@ def evaluate_unlearning(
         if records is None:
             continue
         metrics = evaluate_qa(model, tokenizer, records, **shared)
+        # Not part of model utility (TOFU's harmonic mean is over probability, ROUGE and truth ratio only).
+        metrics.update(evaluate_memorization(model, tokenizer, records, **shared))
         if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
             options = normalized_probabilities(model, tokenizer, records, **shared)
             if options:

@@ -12,10 +12,11 @@ from datasets import Dataset
 from transformers.utils import logging
 
 from ..data.loaders import load_records
-from ..outputs.report import evaluation_markdown
+from ..outputs.report import evaluation_markdown, lm_eval_section
 from ..training.record import RECORD_FILE, UnlearnRecord
 from .demo import embedded_reference
 from .models import load_model_and_tokenizer
+from .utility import lm_eval_request
 
 logger = logging.get_logger(__name__)
 
@@ -117,6 +118,7 @@ def run_audit_job(cli: Any) -> dict:
     from ..robustness.audit import audit_markdown, audit_record_fields, run_audit
 
     record = saved_record(cli.model_name_or_path)
+    lm_eval = lm_eval_request(cli, cli.output_dir)
     forget, retain, prompt_template = check_data(cli, record, "audit")
     holdout = user_records(cli.holdout_data, "holdout", cli) if cli.holdout_data else None
     if holdout is None and not cli.forget_data and (cli.benchmark or "embedded") == "embedded":
@@ -136,12 +138,24 @@ def run_audit_job(cli: Any) -> dict:
         prompt_template=prompt_template,
         **check_models(cli, record),
     )
+    fields = audit_record_fields(audit)
     markdown = f"# Robustness audit of {cli.model_name_or_path}\n\n" + audit_markdown(audit)
-    write_check(cli, record, "audit.json", audit, **audit_record_fields(audit))
+    if lm_eval is not None:
+        # The audited model's utility, beside its robustness: what unlearning cost, on the benchmarks asked for.
+        audit["lm_eval"] = lm_eval.measure(model, tokenizer)
+        markdown += "\n" + lm_eval_section({"after": audit["lm_eval"]})
+        fields["lm_eval"] = saved_run_lm_eval(record, audit["lm_eval"])
+    write_check(cli, record, "audit.json", audit, **fields)
     with open(os.path.join(cli.output_dir, "audit.md"), "w") as f:
         f.write(markdown)
     print(markdown)
     return audit
+
+
+def saved_run_lm_eval(record: UnlearnRecord | None, measured: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's ``lm_eval`` record with a check's measurement of the saved (unlearned) model as its "after";
+    the run's own "before" stays (the card shows it only where it was measured on the same documents)."""
+    return {**(record.lm_eval if record is not None else {}), "after": measured}
 
 
 def write_check(cli: Any, record: UnlearnRecord | None, filename: str, result: dict, **record_fields: Any) -> None:
@@ -238,6 +252,7 @@ def run_eval_job(cli: Any) -> dict:
     if cli.reference_eval and cli.reference_model:
         raise ValueError("Pass --reference_eval or --reference_model, not both.")
     record = saved_record(cli.model_name_or_path)
+    lm_eval = lm_eval_request(cli, cli.output_dir)  # a missing extra or unknown task: said before any work
     benchmark, split, forget_path, warnings = evaluation_target(cli, record)
     user_data = {
         name: user_records(path, name, cli)
@@ -279,6 +294,8 @@ def run_eval_job(cli: Any) -> dict:
         sets=sets,
         prompt_template=prompt_template,
     )
+    if lm_eval is not None:
+        result["lm_eval"] = lm_eval.measure(model, tokenizer)
     result["data"] = data
     result["warnings"] = warnings
     result["model"] = cli.model_name_or_path
@@ -311,5 +328,10 @@ def run_eval_job(cli: Any) -> dict:
     markdown = evaluation_markdown(result)
     with open(os.path.join(cli.output_dir, "eval.md"), "w") as f:
         f.write(markdown)
+    if record is not None and lm_eval is not None:
+        from ..outputs.model_card import write_model_card
+
+        record.update(lm_eval=saved_run_lm_eval(record, result["lm_eval"])).save(cli.model_name_or_path)
+        write_model_card(record, cli.model_name_or_path)
     print(markdown)
     return result

@@ -18,7 +18,7 @@ from transformers.utils import logging
 from ..data.examples import build_qa_dataset
 from ..data.loaders import load_records
 from ..data.prompts import describe_prompt_format
-from ..outputs.report import forget_quality_line, report_table, write_report
+from ..outputs.report import forget_quality_line, lm_eval_section, report_table, write_report
 from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
 from ..training.output_dir import prepare_output_dir, resolve_resume
@@ -26,6 +26,7 @@ from ..training.record import UnlearnRecord
 from ..training.reference import zero3_partitioned
 from ..training.trainer import UnlearnTrainer
 from .models import build_trainer, check_model_location, earlier_requests_of, load_model_and_tokenizer
+from .utility import LmEvalRequest, lm_eval_request
 
 logger = logging.get_logger(__name__)
 
@@ -90,6 +91,7 @@ def unlearn_and_report(
     calibration_records: Dataset | None = None,
     prompt_template: str | None = None,
     earlier_requests: list[dict[str, Any]] | None = None,
+    lm_eval: LmEvalRequest | None = None,
 ) -> UnlearnTrainer:
     """Measure, unlearn, measure again; put the measurements into the run record; write report.json /
     report.md / training_curves.png; return the trainer (its ``record`` holds everything).
@@ -101,7 +103,9 @@ def unlearn_and_report(
     calibrated target (``stop_target='auto'``). ``prompt_template`` is the format the model learned its facts in
     (:mod:`hf_unlearn.prompts`). ``config.resume_from_checkpoint`` (a checkpoint folder, or ``"true"`` for the last
     one in ``output_dir``) resumes an interrupted run. ``earlier_requests``: the request ledger the model came with
-    (default: what the trainer finds, :func:`earlier_requests_of` for a model loaded by name)."""
+    (default: what the trainer finds, :func:`earlier_requests_of` for a model loaded by name). ``lm_eval``: tasks of
+    lm-evaluation-harness (:func:`~hf_unlearn.jobs.utility.lm_eval_request`) to score the model on before and
+    after, into the record's ``lm_eval`` (measured even with ``evaluate=False``)."""
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
 
@@ -121,13 +125,19 @@ def unlearn_and_report(
     calibration = tokenized(calibration_records, "calibration")
     eval_sets = {name: data for name, data in {"forget": forget, "retain": retain}.items() if data is not None}
     summaries: dict[str, dict] = {}
-    stages = tqdm(total=3 if evaluate else 1, desc="hf-unlearn", unit="stage", position=0)
+    measure = evaluate or lm_eval is not None
+    stages = tqdm(total=3 if measure else 1, desc="hf-unlearn", unit="stage", position=0)
     before: dict[str, dict] = {}
-    if evaluate:
+    utility: dict[str, dict] = {}
+    if measure:
         stages.set_postfix_str("measuring before")
-        before, summaries["before"] = evaluate_before_after(
-            model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
-        )
+        if evaluate:
+            before, summaries["before"] = evaluate_before_after(
+                model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
+            )
+        if lm_eval is not None:
+            with gathered_for_generation(model):
+                utility["before"] = lm_eval.measure(model, tokenizer)
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = build_trainer(
@@ -144,17 +154,26 @@ def unlearn_and_report(
     trainer.train(resume_from_checkpoint=resume)
     stages.update()
     after: dict[str, dict] = {}
-    if evaluate:
+    if measure:
         stages.set_postfix_str("measuring after")
-        after, summaries["after"] = evaluate_before_after(
-            trainer.model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
-        )
+        if evaluate:
+            after, summaries["after"] = evaluate_before_after(
+                trainer.model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
+            )
+        # lm-eval's HFLM runs the model as one process's; sharded weights are left to `hf-unlearn eval` of the output.
+        if lm_eval is not None and not weights_sharded(trainer, "--lm_eval_tasks", "eval"):
+            with gathered_for_generation(trainer.model):
+                utility["after"] = lm_eval.measure(trainer.model, tokenizer)
         stages.update()
     stages.close()
     record = trainer.record
     prompt = {"prompt_template": prompt_template, "prompt_format": describe_prompt_format(tokenizer, prompt_template)}
     record.update(
-        before=before, after=after, evaluation=summaries, extra=dict(record.extra, **prompt, **(extra or {}))
+        before=before,
+        after=after,
+        evaluation=summaries,
+        lm_eval=utility,
+        extra=dict(record.extra, **prompt, **(extra or {})),
     )
     for part, name in (dataset_names or {}).items():
         described = getattr(record, f"{part}_dataset")
@@ -181,6 +200,8 @@ def unlearn_and_report(
             sentence = forget_quality_line(record)
             if sentence:
                 print(sentence)
+        if utility:
+            print("\n" + lm_eval_section(utility))
         print(
             f"\n{config.method}: {record.stop_reason}; {record.wall_seconds:.1f} s. "
             f"Written: {', '.join(paths.values())}"
@@ -223,6 +244,7 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         )
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
+    lm_eval = lm_eval_request(run_args, config.output_dir)  # a missing extra or unknown task: said before any work
     check_model_location(run_args.model_name_or_path, run_args.tokenizer_name_or_path)
     model, tokenizer = load_model_and_tokenizer(
         run_args.model_name_or_path,
@@ -263,6 +285,7 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         calibration_records=calibration,
         prompt_template=run_args.prompt_template,
         earlier_requests=earlier_requests_of(run_args.model_name_or_path),
+        lm_eval=lm_eval,
         extra={"model": run_args.model_name_or_path},
         dataset_names={
             "forget": " / ".join(filter(None, [run_args.forget_data, run_args.forget_subset])),
@@ -286,14 +309,20 @@ def whole_model_here(trainer: UnlearnTrainer, option: str, command: str) -> bool
     """Whether this process should run a check that needs the whole model on one process (the quantization check,
     the audit): the main process, unless FSDP or ZeRO-3 shard the weights, where a forward on one process alone
     would wait for the others forever; then the check is left to the saved model, and the user is told how."""
+    return not weights_sharded(trainer, option, command) and trainer.is_world_process_zero()
+
+
+def weights_sharded(trainer: UnlearnTrainer, option: str, command: str) -> bool:
+    """Whether FSDP or ZeRO-3 shard the trained weights across processes; if so the main process says that ``option``
+    is skipped and how to run it on the saved model (``hf-unlearn command``)."""
     if trainer.weights_are_sharded:
         if trainer.is_world_process_zero():
             logger.warning(
                 f"{option} is skipped: the weights are sharded across processes (FSDP / DeepSpeed ZeRO-3). Run "
                 f"`hf-unlearn {command} --model_name_or_path {trainer.args.output_dir} ...` on the saved model."
             )
-        return False
-    return trainer.is_world_process_zero()
+        return True
+    return False
 
 
 def audit_after_run(trainer: UnlearnTrainer, run_args: Any, output_dir: str) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..training.record import UnlearnRecord
-from .report import format_value
+from .report import MEMORIZATION_METRICS, METRICS, format_value, lm_eval_section
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "model_card.md"
 
@@ -111,11 +111,16 @@ def _metrics_section(before: dict | None, after: dict | None) -> str:
         return ""
     rows = ["## Before / after", "", "| split | metric | before | after |", "|---|---|---|---|"]
     for split in after:
-        for metric in ("rouge_l_recall", "probability", "exact_match", "truth_ratio"):
+        for metric in (*METRICS, "truth_ratio", *MEMORIZATION_METRICS):
             if after[split].get(metric) is not None:
                 previous = before.get(split, {}).get(metric)
                 rows.append(f"| {split} | {metric} | {_fmt(previous)} | {_fmt(after[split][metric])} |")
     return "\n".join(rows) + "\n"
+
+
+def _utility_section(record: UnlearnRecord) -> str:
+    """lm-evaluation-harness scores before -> after per task and metric (:mod:`hf_unlearn.evaluation.utility`)."""
+    return lm_eval_section(record.lm_eval, "## Utility on standard benchmarks (lm-evaluation-harness)")
 
 
 def _robustness_section(audit: dict | None) -> str:
@@ -202,6 +207,7 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         record_rows=_record_rows(record),
         hyperparameters=hyperparameters,
         metrics=_metrics_section(record.before, record.after),
+        utility=_utility_section(record),
         quantization=_quantization_section(record.quantization),
         relearning=_relearning_section(record.relearning),
         robustness=_robustness_section(record.audit),

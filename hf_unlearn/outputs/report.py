@@ -13,6 +13,8 @@ from typing import Any
 from ..training.record import UnlearnRecord
 
 METRICS = ("rouge_l_recall", "probability", "exact_match")
+#: Shown when measured (open-unlearning's token-level memorisation, :mod:`hf_unlearn.evaluation.memorization`).
+MEMORIZATION_METRICS = ("exact_memorization", "extraction_strength")
 
 
 def format_value(value: Any, spec: str = ".3f") -> str:
@@ -30,7 +32,8 @@ def report_table(record: UnlearnRecord) -> str:
     for split in ("forget", "retain"):
         if split not in record.before or split not in record.after:
             continue
-        metrics = METRICS + (("truth_ratio",) if record.after[split].get("truth_ratio") is not None else ())
+        optional = ("truth_ratio", *MEMORIZATION_METRICS)
+        metrics = METRICS + tuple(m for m in optional if record.after[split].get(m) is not None)
         for metric in metrics:
             before = record.before[split].get(metric)
             after = record.after[split].get(metric)
@@ -110,7 +113,21 @@ def report_markdown(record: UnlearnRecord) -> str:
     summary.append("")
     if record.before and record.after:
         summary += [report_table(record), ""]
+    utility = lm_eval_section(record.lm_eval)
+    if utility:
+        summary += [utility]
     return "\n".join(summary)
+
+
+def lm_eval_section(lm_eval: dict[str, Any] | None, heading: str = "## Utility (lm-evaluation-harness)") -> str:
+    """The "before -> after" table of the lm-eval tasks of a record or an evaluation, under ``heading``; ``""`` when
+    none were run."""
+    from ..evaluation.utility import lm_eval_markdown
+
+    if not lm_eval:
+        return ""
+    table = lm_eval_markdown(lm_eval.get("before"), lm_eval.get("after"), fmt=lambda v: format_value(v, ".4g"))
+    return f"{heading}\n\n{table}" if table else ""
 
 
 def plot_history(
@@ -221,12 +238,17 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
     if result.get("warnings"):
         lines.append("")
     if "forget" in result:
-        lines += ["| set | ROUGE-L recall | probability | exact match | truth ratio |", "|---|---|---|---|---|"]
+        lines += [
+            "| set | ROUGE-L recall | probability | exact match | truth ratio | exact memorisation | extraction "
+            "strength |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, metrics in result.items():
             if isinstance(metrics, dict) and "rouge_l_recall" in metrics:
                 lines.append(
                     f"| {name} | {_fmt4(metrics['rouge_l_recall'])} | {_fmt4(metrics['probability'])} | "
-                    f"{_fmt4(metrics['exact_match'])} | {_fmt4(metrics.get('truth_ratio'))} |"
+                    f"{_fmt4(metrics['exact_match'])} | {_fmt4(metrics.get('truth_ratio'))} | "
+                    f"{_fmt4(metrics.get('exact_memorization'))} | {_fmt4(metrics.get('extraction_strength'))} |"
                 )
         lines += [
             "",
@@ -234,6 +256,10 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
             f"- Model utility (harmonic mean of retain metrics): {_fmt4(result.get('model_utility'))}",
             f"- Exact-reproduction bound (MASC Proposition 1): {_fmt4(result.get('exact_reproduction_bound'))} "
             f"(measured exact match {_fmt4(result['forget'].get('exact_match'))})",
+            "",
+            "Exact memorisation and extraction strength are open-unlearning's: teacher-forced greedy predictions of "
+            "the answer tokens (EOS left out); the share that is right, and 1 - k/L for the shortest answer prefix "
+            "k after which every prediction is right (at least 1/L, as open-unlearning computes it).",
             "",
         ]
     muse = result.get("muse")
@@ -255,6 +281,8 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
                 "(under-unlearning), positive that it looks less familiar than never-seen text (over-unlearning).",
             ]
         lines.append("")
+    if result.get("lm_eval"):
+        lines.append(lm_eval_section({"after": result["lm_eval"]}, "## Utility (lm-evaluation-harness)"))
     return "\n".join(lines)
 
 

@@ -51,8 +51,13 @@ class UnlearnRecord:
             the part of it spent in probes; probe_seconds_by_set: that part per probe set (``train``, ``holdout``,
             ``calibration``, ``retain``; a running 'train' probe costs no forward and is absent).
         complete: ``False`` for the record saved with a checkpoint, while training goes on.
-        before / after: per split (``forget``, ``retain``) metric dicts, when measured.
+        before / after: per split (``forget``, ``retain``) metric dicts, when measured (TOFU's ROUGE-L recall,
+            probability, exact match and truth ratio; open-unlearning's exact memorisation and extraction strength).
         evaluation: evaluation summaries (e.g. forget quality, model utility) ``{"before": ..., "after": ...}``.
+        lm_eval: utility on standard benchmarks through lm-evaluation-harness, ``{"before": ..., "after": ...}``, each
+            the result of :func:`hf_unlearn.evaluation.utility.lm_eval_utility` (``{"tasks": {task: {metric: value}},
+            "settings", "lm_eval_version", "seconds"}``); ``hf-unlearn eval`` / ``audit`` of a saved run put theirs
+            under ``"after"`` (the saved model is the unlearned one). Empty when not measured.
         quantization: the result of :func:`hf_unlearn.quantize.check_quantization_robustness`, when run.
         relearning: the result of :func:`hf_unlearn.relearn.check_relearning_robustness`, when run.
         audit: the verdicts of :func:`hf_unlearn.audit.run_audit` (and its membership part), when run.
@@ -96,6 +101,7 @@ class UnlearnRecord:
     before: dict[str, dict[str, Any]] = field(default_factory=dict)
     after: dict[str, dict[str, Any]] = field(default_factory=dict)
     evaluation: dict[str, Any] = field(default_factory=dict)
+    lm_eval: dict[str, dict[str, Any]] = field(default_factory=dict)
     quantization: dict[str, Any] | None = None
     relearning: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
