@@ -11,7 +11,8 @@ from scipy.stats import ks_2samp
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
-from hf_unlearn.evaluation.metrics import evaluate_unlearning, forget_quality, model_utility, reproduction_bound
+from hf_unlearn.evaluation.metrics import forget_quality, model_utility, reproduction_bound
+from hf_unlearn.evaluation.suites import evaluate_unlearning
 
 
 def mean(values):

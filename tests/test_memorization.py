@@ -19,7 +19,7 @@ from hf_unlearn.evaluation.memorization import (
     memorization_scores,
     teacher_forced_predictions,
 )
-from hf_unlearn.evaluation.metrics import evaluate_unlearning
+from hf_unlearn.evaluation.suites import evaluate_unlearning
 from hf_unlearn.outputs.model_card import build_model_card
 from hf_unlearn.outputs.report import report_markdown
 from hf_unlearn.training.record import UnlearnRecord

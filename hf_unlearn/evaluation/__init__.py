@@ -30,7 +30,6 @@ from .metrics import (
     answer_probability,
     default_max_new_tokens,
     evaluate_qa,
-    evaluate_unlearning,
     exact_match,
     forget_quality,
     forget_truth_ratio,
@@ -56,6 +55,7 @@ from .suites import (
     embedded_evaluation_sets,
     evaluate_benchmark,
     evaluate_muse,
+    evaluate_unlearning,
     qa_evaluation_sets,
 )
 from .utility import (

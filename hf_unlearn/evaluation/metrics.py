@@ -5,9 +5,9 @@
   the question (TOFU's "Prob" on the forget and retain sets),
 * exact match of the greedy answer (after whitespace, case and trailing-punctuation normalisation),
 * truth ratios and their aggregates, forget quality (two-sample KS test against a retain-only model's truth
-  ratios), model utility (harmonic mean), and :func:`evaluate_unlearning`, which puts them together with MASC's
-  exact-reproduction bound (Proposition 1, arXiv 2606.02920). Everything here measures a model on records; the
-  benchmark suites that load TOFU, MUSE or the embedded data live in :mod:`hf_unlearn.evaluation`.
+  ratios), model utility (harmonic mean) and MASC's exact-reproduction bound (Proposition 1, arXiv 2606.02920).
+  Everything here measures a model on records; :func:`hf_unlearn.evaluation.suites.evaluate_unlearning` puts them
+  together, and the benchmark suites that load TOFU, MUSE or the embedded data live there too.
 
 Prompts and answers are tokenized by :mod:`hf_unlearn.data` exactly as for learning and unlearning, so a metric
 scores the very tokens the model was trained on.
@@ -37,7 +37,6 @@ __all__ = [
     "answer_probability",
     "default_max_new_tokens",
     "evaluate_qa",
-    "evaluate_unlearning",
     "exact_match",
     "forget_quality",
     "generate_answers",
@@ -496,66 +495,3 @@ def reproduction_bound(
         "max": bounds.max().item(),
         "violation_rate": measured["fractions"].mean().item(),
     }
-
-
-def evaluate_unlearning(
-    model: Any,
-    tokenizer: Any,
-    forget: Any,
-    retain: Any | None = None,
-    retain_only_truth_ratios: Sequence[float] | None = None,
-    extra_retain_sets: dict[str, Any] | None = None,
-    k: int = 10,
-    rho: float = 0.5,
-    batch_size: int = 32,
-    show_progress: bool = False,
-    prompt_template: str | None = None,
-) -> dict[str, Any]:
-    """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
-    are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1); every set also gets
-    open-unlearning's exact memorisation and extraction strength (:mod:`hf_unlearn.evaluation.memorization`).
-
-    ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
-    ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
-    (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
-    ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.prompts`).
-    """
-    # Here, not at the top: memorization builds on this module's batching.
-    from .memorization import evaluate_memorization
-
-    shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
-    result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, **shared)}
-    result["forget"].update(evaluate_memorization(model, tokenizer, forget, **shared))
-    forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
-    result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
-    result["forget_truth_ratios"] = forget_ratios
-    utility_values: list[float] = []
-    for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
-        if records is None:
-            continue
-        metrics = evaluate_qa(model, tokenizer, records, **shared)
-        # Not part of model utility (TOFU's harmonic mean is over probability, ROUGE and truth ratio only).
-        metrics.update(evaluate_memorization(model, tokenizer, records, **shared))
-        if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
-            options = normalized_probabilities(model, tokenizer, records, **shared)
-            if options:
-                metrics["answer_probability"] = metrics["probability"]
-                metrics["probability"] = sum(options) / len(options)
-        ratios = truth_ratios(model, tokenizer, records, **shared)
-        metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else None
-        result[name] = metrics
-        utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
-        if ratios:
-            utility_values.append(metrics["truth_ratio"])
-    result["model_utility"] = model_utility(utility_values) if utility_values else None
-    result["forget_quality"] = (
-        forget_quality(forget_ratios, retain_only_truth_ratios)
-        if retain_only_truth_ratios is not None and forget_ratios
-        else None
-    )
-    bound = reproduction_bound(
-        model, tokenizer, forget, k=k, rho=rho, batch_size=batch_size, prompt_template=prompt_template
-    )
-    result["exact_reproduction_bound"] = bound["mean"]
-    result["exact_reproduction_bound_max"] = bound["max"]
-    return result

@@ -1,6 +1,6 @@
 """Benchmark suites: everything ``hf-unlearn eval`` reports for one model on TOFU, MUSE or the embedded benchmark.
 
-TOFU's metrics (Maini et al., arXiv 2401.06121, §2.5) come from :func:`hf_unlearn.metrics.evaluate_unlearning`,
+TOFU's metrics (Maini et al., arXiv 2401.06121, §2.5) come from :func:`hf_unlearn.evaluation.suites.evaluate_unlearning`,
 MUSE's (Shi et al., arXiv 2407.06460, §3.1) from :mod:`hf_unlearn.muse`. Forget quality and PrivLeak compare with
 a model trained without the forget set: pass it in (``reference_model``) or pass its evaluation (``reference``);
 this module never trains one.
@@ -15,7 +15,78 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
-from .metrics import evaluate_unlearning, qa_records
+from .memorization import evaluate_memorization
+from .metrics import (
+    evaluate_qa,
+    forget_quality,
+    forget_truth_ratio,
+    model_utility,
+    normalized_probabilities,
+    qa_records,
+    reproduction_bound,
+    retain_truth_ratio,
+    truth_ratios,
+)
+
+
+def evaluate_unlearning(
+    model: Any,
+    tokenizer: Any,
+    forget: Any,
+    retain: Any | None = None,
+    retain_only_truth_ratios: Sequence[float] | None = None,
+    extra_retain_sets: dict[str, Any] | None = None,
+    k: int = 10,
+    rho: float = 0.5,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> dict[str, Any]:
+    """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
+    are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1); every set also gets
+    open-unlearning's exact memorisation and extraction strength (:mod:`hf_unlearn.evaluation.memorization`).
+
+    ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
+    ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
+    (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
+    ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.prompts`).
+    """
+    shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
+    result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, **shared)}
+    result["forget"].update(evaluate_memorization(model, tokenizer, forget, **shared))
+    forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
+    result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
+    result["forget_truth_ratios"] = forget_ratios
+    utility_values: list[float] = []
+    for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
+        if records is None:
+            continue
+        metrics = evaluate_qa(model, tokenizer, records, **shared)
+        # Not part of model utility (TOFU's harmonic mean is over probability, ROUGE and truth ratio only).
+        metrics.update(evaluate_memorization(model, tokenizer, records, **shared))
+        if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
+            options = normalized_probabilities(model, tokenizer, records, **shared)
+            if options:
+                metrics["answer_probability"] = metrics["probability"]
+                metrics["probability"] = sum(options) / len(options)
+        ratios = truth_ratios(model, tokenizer, records, **shared)
+        metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else None
+        result[name] = metrics
+        utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
+        if ratios:
+            utility_values.append(metrics["truth_ratio"])
+    result["model_utility"] = model_utility(utility_values) if utility_values else None
+    result["forget_quality"] = (
+        forget_quality(forget_ratios, retain_only_truth_ratios)
+        if retain_only_truth_ratios is not None and forget_ratios
+        else None
+    )
+    bound = reproduction_bound(
+        model, tokenizer, forget, k=k, rho=rho, batch_size=batch_size, prompt_template=prompt_template
+    )
+    result["exact_reproduction_bound"] = bound["mean"]
+    result["exact_reproduction_bound_max"] = bound["max"]
+    return result
 
 
 def evaluate_muse(
@@ -133,7 +204,7 @@ def evaluate_benchmark(
 ) -> dict[str, Any]:
     """Everything ``hf-unlearn eval`` reports for one model on one benchmark, or on the user's own ``sets``.
 
-    ``embedded`` and ``tofu`` get TOFU's metrics (:func:`~hf_unlearn.metrics.evaluate_unlearning`), ``embedded``,
+    ``embedded`` and ``tofu`` get TOFU's metrics (:func:`~hf_unlearn.evaluation.suites.evaluate_unlearning`), ``embedded``,
     ``muse_news`` and ``muse_books`` MUSE's (:func:`evaluate_muse`, under ``"muse"``). ``sets`` (e.g. from
     :func:`qa_evaluation_sets`) replaces the benchmark's: then ``benchmark`` is only the label written in the
     result. The model trained without the forget set gives forget quality (its ``forget_truth_ratios``) and

@@ -55,7 +55,7 @@ def evaluate_before_after(
 ) -> tuple[dict[str, dict], dict[str, Any]]:
     """Per-split metrics and the TOFU summary (forget quality, model utility, bound) from evaluate_unlearning, the
     bound with the run's own k and rho, as the record's."""
-    from ..evaluation.metrics import evaluate_unlearning
+    from ..evaluation.suites import evaluate_unlearning
 
     with gathered_for_generation(model):
         result = evaluate_unlearning(

@@ -12,7 +12,7 @@ RADAR_AXES = ("1 - forget ROUGE-L", "1 - forget Prob", "forget truth ratio", "mo
 
 
 def radar_values(result: Mapping[str, Any]) -> list[float]:
-    """The four radar values of one :func:`hf_unlearn.metrics.evaluate_unlearning` result (missing = 0)."""
+    """The four radar values of one :func:`hf_unlearn.evaluation.suites.evaluate_unlearning` result (missing = 0)."""
     forget = result.get("forget") or {}
 
     def value(x: Any) -> float:
