@@ -48,6 +48,7 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
         "--num_calibration_authors", "1", "--num_holdout_authors", "1", "--learn_max_epochs", "2",
         "--methods", "graddiff", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
         "--masc_max_steps", "3", "--real_knowledge_size", "4", "--retain_eval_size", "3",
+        "--lm_eval_tasks", "tofu_real_authors", "--lm_eval_tofu_dir", TOFU_DIR, "--lm_eval_limit", "2",
         "--output_dir", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
@@ -74,6 +75,10 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
     (baseline,) = result["runs"]["graddiff"]
     assert len(baseline["epochs"]) == 1 and baseline["landed_at_end"] == in_region(baseline["epochs"][-1], region)
     assert "real_knowledge" in baseline["epochs"][-1] and "fluency" in baseline["epochs"][-1]["forget"]
+    # lm-eval's accuracy on 2 four-way questions: 0, 1/2 or 1, for the target, the never-trained and each final model
+    scored = [before["lm_eval"], region["never_trained"]["lm_eval"], masc["lm_eval"], baseline["lm_eval"]]
+    assert all(s["tofu_real_authors"]["acc"] in (0.0, 0.5, 1.0) for s in scored)
     report = (out / "compare.md").read_text()
     assert "real-knowledge utility" in report and "## Every run" in report and "| never-trained |" in report
+    assert "## lm-evaluation-harness" in report and "tofu_real_authors acc" in report
     assert os.path.isfile(out / "compare.png")

@@ -106,6 +106,17 @@ class CompareArguments:
         default=None,
         metadata={"help": "tofu: measure real knowledge on the first this many questions of each set (default all)."},
     )
+    lm_eval_tasks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "lm-evaluation-harness tasks scored on the target, the never-trained model and every final "
+            "model (e.g. tofu_real_authors with --lm_eval_tofu_dir); needs the lm_eval extra."
+        },
+    )
+    lm_eval_tofu_dir: str | None = field(
+        default=None, metadata={"help": "A folder with TOFU's real_authors/world_facts rows for the shipped tasks."}
+    )
+    lm_eval_limit: int | None = field(default=None, metadata={"help": "lm-eval: the first N documents per task."})
     quantization_check: bool = field(
         default=False,
         metadata={"help": "Reload every final model in NF4 and measure the forget set again (slow on a CPU)."},
@@ -187,6 +198,28 @@ def in_region(row: dict, region: dict) -> bool:
         and row["retain"]["rouge_l_recall"] >= region["retain_rouge_l_recall_min"]
         and kept_knowledge
     )
+
+
+def lm_eval_scorer(cli: CompareArguments) -> Any:
+    """``score(model, tokenizer) -> {task: {metric: value}}`` through lm-evaluation-harness, or ``None`` without
+    ``--lm_eval_tasks``; the tasks are checked here, before any work."""
+    if not cli.lm_eval_tasks:
+        return None
+    import tempfile
+
+    from ..evaluation.utility import LmEvalSettings, check_lm_eval_tasks, lm_eval_utility, write_tofu_tasks
+
+    include = []
+    if cli.lm_eval_tofu_dir:
+        include.append(write_tofu_tasks(cli.lm_eval_tofu_dir, tempfile.mkdtemp(prefix="hf-unlearn-lm-eval-")))
+    settings = LmEvalSettings(tasks=list(cli.lm_eval_tasks), include_path=include, limit=cli.lm_eval_limit)
+    manager = check_lm_eval_tasks(settings)
+
+    def score(model: Any, tokenizer: Any) -> dict[str, Any]:
+        result = lm_eval_utility(model, tokenizer, settings, task_manager=manager)
+        return {**result["tasks"], "seconds": result["seconds"]}
+
+    return score
 
 
 def nf4_forget_check(model: Any, tokenizer: Any, forget_records: Any, full_precision: dict) -> dict:
@@ -281,8 +314,9 @@ class CompareSetting:
         return row
 
 
-def race(cli: CompareArguments, setting: CompareSetting) -> dict:
-    """Every method at every learning rate and seed from the same target (module docstring)."""
+def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) -> dict:
+    """Every method at every learning rate and seed from the same target (module docstring); ``lm_eval`` a scorer
+    from :func:`lm_eval_scorer`, or ``None``."""
     target_model, tokenizer = setting.target_model, setting.tokenizer
     forget, retain, calibration = setting.forget, setting.retain, setting.calibration
     peft_config = setting.peft_config
@@ -297,6 +331,9 @@ def race(cli: CompareArguments, setting: CompareSetting) -> dict:
     measure = setting.measure
     before = measure(target_model, with_fluency=fluency)
     never_trained = measure(setting.reference_model, setting.reference_tokenizer, with_fluency=fluency)
+    if lm_eval is not None:
+        before["lm_eval"] = lm_eval(target_model, tokenizer)
+        never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
     region = {
         "forget_rouge_l_recall_max": never_trained["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
         "membership_auc_reference": never_trained["forget"]["membership_auc"],
@@ -334,6 +371,8 @@ def race(cli: CompareArguments, setting: CompareSetting) -> dict:
             )
         if fluency:
             extra["fluent"] = fluent_like(row["forget"]["fluency"], never_trained["forget"]["fluency"])
+        if lm_eval is not None:
+            extra["lm_eval"] = lm_eval(model, tokenizer)
         if cli.quantization_check:
             start = time.perf_counter()
             extra["nf4"] = nf4_forget_check(model, tokenizer, setting.forget_records, row["forget"])

@@ -81,6 +81,23 @@ def runs_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def lm_eval_table(result: dict) -> str:
+    """lm-evaluation-harness accuracy of the target, the never-trained model and every final model ("" without)."""
+    region = result["region"]
+    rows = [("target", region["before"].get("lm_eval")), ("never-trained", region["never_trained"].get("lm_eval"))]
+    for name, runs in result["runs"].items():
+        rows += [(f"{name} lr {run['learning_rate']:g} seed {run['seed']}", run.get("lm_eval")) for run in runs]
+    tasks = sorted({task for _, scores in rows if scores for task in scores if task != "seconds"})
+    if not tasks:
+        return ""
+    lines = ["| model | " + " | ".join(f"{task} acc" for task in tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    for label, scores in rows:
+        if scores:
+            cells = [fmt(scores.get(task, {}).get("acc"), ".3f") for task in tasks]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_compare(result: dict, path: str) -> str:
     import matplotlib
 
@@ -138,7 +155,9 @@ def write_compare(result: dict, output_dir: str) -> None:
     with open(os.path.join(output_dir, "compare.md"), "w") as f:
         f.write(f"# Methods compared on {result['split']}\n\n{compare_table(result)}\n\n## Every run\n\n")
         f.write(runs_table(result) + "\n")
+        if lm_eval_table(result):
+            f.write("\n## lm-evaluation-harness\n\n" + lm_eval_table(result) + "\n")
     plot_compare(result, os.path.join(output_dir, "compare.png"))
 
 
-__all__ = ["compare_table", "plot_compare", "runs_table", "write_compare"]
+__all__ = ["compare_table", "lm_eval_table", "plot_compare", "runs_table", "write_compare"]

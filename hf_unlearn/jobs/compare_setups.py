@@ -22,7 +22,7 @@ from ..data.examples import build_qa_dataset
 from ..data.loaders import load_tofu_folder
 from ..evaluation.metrics import truth_ratios
 from ..training.adapters import lora_config
-from .compare import CompareArguments, CompareSetting, race
+from .compare import CompareArguments, CompareSetting, lm_eval_scorer, race
 
 #: The LoRA rank of TOFU unlearning runs unless --lora_r says otherwise (the library's default rank).
 TOFU_UNLEARNING_LORA_R = 16
@@ -88,13 +88,14 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
 
 def run_compare(cli: CompareArguments) -> dict:
     """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
+    lm_eval = lm_eval_scorer(cli)  # before any work: a missing extra or an unknown task stops here
     if cli.benchmark == "tofu":
         setting = tofu_setting(cli)
     elif cli.benchmark == "embedded":
         setting = embedded_setting(cli)
     else:
         raise ValueError(f"hf-unlearn compare: --benchmark is 'embedded' or 'tofu', got {cli.benchmark!r}.")
-    return race(cli, setting)
+    return race(cli, setting, lm_eval)
 
 
 def embedded_setting(cli: CompareArguments) -> CompareSetting:
