@@ -3,9 +3,9 @@
     python benchmarks/eval_throughput.py [--examples 96] [--skip-smollm2]
 
 Scoring is the teacher-forced answer log-probability (what Prob and the truth ratio need); generation is greedy
-decoding of the answer (what ROUGE needs). "Batched" is :func:`hf_unlearn.metrics.answer_log_probs` /
-:func:`hf_unlearn.metrics.generate_answers` (padded batches of 32 under ``inference_mode``); "naive" calls the
-model once per example under ``no_grad`` with the same prompt tokens. Both are checked to agree before timing.
+decoding of the answer (what ROUGE needs). "Batched" is :func:`hf_unlearn.evaluation.metrics.answer_log_probs` /
+:func:`hf_unlearn.evaluation.metrics.generate_answers` (padded batches of 32 under ``inference_mode``); "naive" calls
+the model once per example under ``no_grad`` with the same prompt tokens. Both are checked to agree before timing.
 Models: the embedded benchmark's 1.2M target model and, when installed, SmolLM2-135M (a real pretrained model).
 """
 

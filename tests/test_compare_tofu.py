@@ -5,8 +5,8 @@ import json
 import os
 
 import pytest
+from conftest import TOFU_DIR, needs_tofu_rows
 from scipy.stats import hmean
-from test_loaders import TOFU_DIR, needs_tofu_rows
 
 from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, tofu_sets
 from hf_unlearn.cli import main

@@ -9,7 +9,7 @@ import os
 import sys
 
 import pytest
-from conftest import tiny_model_folder, train_on_answers, write_qa_files
+from conftest import TOFU_DIR, needs_tofu_rows, tiny_model_folder, train_on_answers, write_qa_files
 
 from hf_unlearn.benchmarks import build_tokenizer, tiny_model
 from hf_unlearn.cli.main import main
@@ -23,11 +23,7 @@ from hf_unlearn.evaluation.utility import (
 
 pytest.importorskip("lm_eval")
 
-#: The TOFU sample beside the project (its README: used from the project as ../shared/tofu, never copied into it).
-TOFU_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tofu"))
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(os.path.join(TOFU_DIR, "real_authors.jsonl")), reason="no TOFU sample in ../shared/tofu"
-)
+pytestmark = needs_tofu_rows
 #: 4-way multiple choice.
 CHANCE = 0.25
 

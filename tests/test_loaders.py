@@ -2,10 +2,9 @@
 and column names), then `hf-unlearn eval` end to end on them."""
 
 import json
-import os
 
 import pytest
-from conftest import tiny_model_folder, write_hub_repo
+from conftest import TOFU_DIR, needs_tofu_rows, tiny_model_folder, write_hub_repo
 
 from hf_unlearn.data.loaders import COLUMN_MAPPING, map_columns, muse_evaluation_sets, tofu_evaluation_sets
 
@@ -139,13 +138,6 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
 
 
 # --- a folder of TOFU rows (../shared/tofu: real rows of TOFU, see its README) -----------------------------------
-
-TOFU_DIR = os.environ.get(
-    "HF_UNLEARN_TOFU_DIR", os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "shared", "tofu")
-)
-needs_tofu_rows = pytest.mark.skipif(
-    not os.path.isfile(os.path.join(TOFU_DIR, "authors.jsonl")), reason=f"no TOFU rows at {TOFU_DIR}"
-)
 
 
 @needs_tofu_rows

@@ -232,4 +232,4 @@ def test_training_steps_read_the_device_once_per_optimizer_step(tmp_path, memori
 
     monkeypatch.setattr(UnlearnTrainer, "training_step", step)
     trainer.train()
-    assert inside == ["_raise_on_nonfinite_loss:__bool__"] * 6
+    assert inside == ["end_of_step:__bool__"] * 6  # LossTracker.end_of_step: the non-finite-loss check

@@ -52,7 +52,7 @@ def _prompts_and_continuations(passages: Sequence[str]) -> tuple[list[str], list
 
 class _VerbMemStopper(LearnStopper):
     """MUSE's VerbMem on the learned passages: the mean ROUGE-L F1 of the greedy continuation of each passage's first
-    half against its second half (:func:`hf_unlearn.muse.verbmem`).
+    half against its second half (:func:`hf_unlearn.evaluation.muse.verbmem`).
 
     ROUGE-L rather than exact continuation: it is the measure unlearning is judged by, and it rewards a model that
     has the passage nearly by heart (one wrong word late in a 40-word continuation) almost fully.
@@ -106,7 +106,7 @@ def learn_chronicles_target_model(
     passages and questions: the retain-only ("retrained") reference that never saw the forget towns.
 
     Every ``eval_every`` epochs VerbMem is measured on the learned passages (greedy continuation of each
-    passage's first half, ROUGE-L F1 against the second half, :func:`hf_unlearn.muse.verbmem`) and learning
+    passage's first half, ROUGE-L F1 against the second half, :func:`hf_unlearn.evaluation.muse.verbmem`) and learning
     stops once it reaches ``target_verbmem`` (or after ``max_epochs``).
 
     ``model_kwargs`` go to :func:`~hf_unlearn.benchmarks.target_model.tiny_model` over

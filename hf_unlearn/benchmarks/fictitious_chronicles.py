@@ -5,7 +5,7 @@ arXiv 2407.06460): the forget set is raw text (news articles, book chapters ther
 here), and unlearning is judged on three things MUSE measures (§3.1):
 
 * verbatim memorisation (VerbMem, C1): the ``verbmem_forget`` split cuts every forget passage into a prompt
-  (its first half of the words) and the true continuation, the shape :func:`hf_unlearn.muse.verbmem` takes;
+  (its first half of the words) and the true continuation, the shape :func:`hf_unlearn.evaluation.muse.verbmem` takes;
 * knowledge memorisation (KnowMem, C2 and C4): the ``knowmem_forget``/``knowmem_retain`` splits are one
   question per fact of each forget/retain town, answered by a short sentence;
 * privacy leakage (PrivLeak, C3): the ``holdout`` towns are generated like the others but never learned, the
@@ -513,7 +513,7 @@ def load_chronicles_split(name: str, **generate_kwargs: Any) -> Dataset:
     towns (never learned: the non-members of MUSE's PrivLeak). ``knowmem_forget``/``knowmem_retain``: the
     questions about the forget / retain towns (``question``, ``answer``). ``verbmem_forget``: every forget passage
     as ``prompt`` (the first half of its words) and ``continuation`` (the rest), with ``subject``,
-    ``subject_index`` and ``passage_index``, as :func:`hf_unlearn.muse.verbmem` takes them.
+    ``subject_index`` and ``passage_index``, as :func:`hf_unlearn.evaluation.muse.verbmem` takes them.
     ``calibration``: the passages of :data:`NUM_CALIBRATION_SUBJECTS` more never-learned towns, generated after
     the holdout ones.
     """

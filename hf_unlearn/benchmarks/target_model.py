@@ -284,9 +284,10 @@ def learn_target_model(
     With ``learn_split="retain90"`` (or another retain split) it makes the *retain-only* model instead, the
     reference that TOFU's forget quality compares an unlearned model with: it never saw the forget authors.
 
-    ``base_model="smollm2"`` learns on the real pretrained SmolLM2-135M-Instruct (:func:`hf_unlearn.models.
-    load_smollm2`, with its own tokenizer and chat template) instead of a tiny model trained from scratch;
-    ``lora_r > 0`` learns through a LoRA adapter of that rank (all linear layers), merged into the saved model.
+    ``base_model="smollm2"`` learns on the real pretrained SmolLM2-135M-Instruct
+    (:func:`hf_unlearn.benchmarks.pretrained. load_smollm2`, with its own tokenizer and chat template) instead of a
+    tiny model trained from scratch; ``lora_r > 0`` learns through a LoRA adapter of that rank (all linear layers),
+    merged into the saved model.
 
     It is learned with TRL's ``SFTTrainer`` on the pairs tokenized by :func:`hf_unlearn.data.tokenize_qa` (the
     ``labels`` column keeps the prompt at ``-100``, so the loss is on the answer alone, and unlearning later sees

@@ -34,7 +34,7 @@ def tokenize_qa(
     """Tokenize one QA pair; prompt tokens get label ``-100`` so only the answer is scored.
 
     Prompt and completion are encoded separately and concatenated, so the prompt/answer boundary never
-    depends on how a tokenizer merges across it. ``prompt_template``: see :mod:`hf_unlearn.prompts`.
+    depends on how a tokenizer merges across it. ``prompt_template``: see :mod:`hf_unlearn.data.prompts`.
     """
     prompt, completion = prompt_and_completion(tokenizer, question, answer, prompt_template)
     prompt_ids = _encode(tokenizer, prompt, add_special_tokens=not uses_chat_template(tokenizer, prompt_template))
@@ -90,7 +90,7 @@ QARecords = Dataset | Sequence[Mapping[str, Any]] | str | os.PathLike
 
 def as_records_dataset(records: QARecords, name: str = "forget", text_columns: Sequence[str] = ()) -> Dataset:
     """A :class:`datasets.Dataset` from a Dataset, a list of dicts, or a path / Hub id (see
-    :func:`hf_unlearn.loaders.load_records`). In a list, ``text_columns`` are checked row by row first (a column
+    :func:`hf_unlearn.data.loaders.load_records`). In a list, ``text_columns`` are checked row by row first (a column
     mixing numbers and text could not become a Dataset)."""
     if isinstance(records, Dataset):
         return records
@@ -226,7 +226,7 @@ def build_qa_dataset(
     """Tokenize question/answer records into ``input_ids``/``attention_mask``/``labels`` (prompt labels ``-100``).
 
     ``records``: a :class:`datasets.Dataset`, a list of dicts, or a path / Hub id of a JSON, JSONL, CSV or Parquet
-    file or dataset. ``prompt_template`` is the format the model was fine-tuned in (see :mod:`hf_unlearn.prompts`:
+    file or dataset. ``prompt_template`` is the format the model was fine-tuned in (see :mod:`hf_unlearn.data.prompts`:
     the tokenizer's chat template when it has one, else ``"Question: {question}\\nAnswer: {answer}"``).
     ``name`` ("forget", "retain", ...) is used in error messages. Bad records are refused with the row and column
     named (:func:`check_qa_records`). The original columns are kept, the question and answer ones renamed to
@@ -262,7 +262,8 @@ def build_text_dataset(
 
     ``records``: a :class:`datasets.Dataset`, a list of dicts or a path / Hub id, as for :func:`build_qa_dataset`.
     The text column is renamed ``text``. To score only continuations (MASC's MUSE setting), set
-    ``forget_scoring="continuation"`` in :class:`~hf_unlearn.config.UnlearnConfig` rather than cutting texts here.
+    ``forget_scoring="continuation"`` in :class:`~hf_unlearn.training.config.UnlearnConfig` rather than cutting texts
+    here.
     """
     source = os.fspath(records) if isinstance(records, (str, os.PathLike)) else None
     where = f"The {name} set" + (f" ({source})" if source else "")

@@ -4,7 +4,7 @@
   and the true continuation.
 * KnowMem (§3.1, C2 and C4): ROUGE-L F1 of the model's greedy answer (32 tokens) to questions about the forget
   (or retain) text.
-* PrivLeak (§3.1, C3) and the membership attacks behind it live in :mod:`hf_unlearn.membership`.
+* PrivLeak (§3.1, C3) and the membership attacks behind it live in :mod:`hf_unlearn.evaluation.membership`.
 
 Scoring and generation are batched (right padding for scoring, left padding for generation) under
 ``torch.inference_mode``.

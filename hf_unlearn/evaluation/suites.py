@@ -1,9 +1,9 @@
 """Benchmark suites: everything ``hf-unlearn eval`` reports for one model on TOFU, MUSE or the embedded benchmark.
 
-TOFU's metrics (Maini et al., arXiv 2401.06121, §2.5) come from :func:`hf_unlearn.evaluation.suites.evaluate_unlearning`,
-MUSE's (Shi et al., arXiv 2407.06460, §3.1) from :mod:`hf_unlearn.muse`. Forget quality and PrivLeak compare with
-a model trained without the forget set: pass it in (``reference_model``) or pass its evaluation (``reference``);
-this module never trains one.
+TOFU's metrics (Maini et al., arXiv 2401.06121, §2.5) come from :func:`evaluate_unlearning` (below), MUSE's (Shi et
+al., arXiv 2407.06460, §3.1) from :mod:`hf_unlearn.evaluation.muse`. Forget quality and PrivLeak compare with a model
+trained without the forget set: pass it in (``reference_model``) or pass its evaluation (``reference``); this module
+never trains one.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def evaluate_unlearning(
     ``forget``/``retain`` are datasets or records with ``question`` and ``answer``; truth ratios also need
     ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
     (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
-    ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.prompts`).
+    ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.data.prompts`).
     """
     shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
     result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, **shared)}
@@ -107,10 +107,11 @@ def evaluate_muse(
 ) -> dict[str, Any]:
     """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC, with PrivLeak against
     ``retrained_auc`` (the same AUCs measured on a model retrained without the forget set), on whichever of
-    :func:`hf_unlearn.loaders.muse_evaluation_sets`'s sets ``sets`` has. ``batch_size`` is for scoring whole
+    :func:`hf_unlearn.data.loaders.muse_evaluation_sets`'s sets ``sets`` has. ``batch_size`` is for scoring whole
     texts (up to ``max_length`` tokens), ``generation_batch_size`` for KnowMem's short answers. ``attacks``: the
-    membership attacks (default every one of :data:`hf_unlearn.membership.ATTACKS` that can run: ``reference`` only
-    with ``attack_reference_model``); AUC and PrivLeak in MUSE's orientation (:mod:`hf_unlearn.membership`)."""
+    membership attacks (default every one of :data:`hf_unlearn.evaluation.membership.ATTACKS` that can run:
+    ``reference`` only with ``attack_reference_model``); AUC and PrivLeak in MUSE's orientation
+    (:mod:`hf_unlearn.evaluation.membership`)."""
     from .membership import ATTACKS, membership_auc, membership_scores, privleak
     from .muse import knowmem, verbmem
 
@@ -204,7 +205,7 @@ def evaluate_benchmark(
 ) -> dict[str, Any]:
     """Everything ``hf-unlearn eval`` reports for one model on one benchmark, or on the user's own ``sets``.
 
-    ``embedded`` and ``tofu`` get TOFU's metrics (:func:`~hf_unlearn.evaluation.suites.evaluate_unlearning`), ``embedded``,
+    ``embedded`` and ``tofu`` get TOFU's metrics (:func:`evaluate_unlearning`), ``embedded``,
     ``muse_news`` and ``muse_books`` MUSE's (:func:`evaluate_muse`, under ``"muse"``). ``sets`` (e.g. from
     :func:`qa_evaluation_sets`) replaces the benchmark's: then ``benchmark`` is only the label written in the
     result. The model trained without the forget set gives forget quality (its ``forget_truth_ratios``) and
@@ -212,7 +213,7 @@ def evaluate_benchmark(
     ``reference_model=(model, tokenizer)`` and it is evaluated here first (its result is returned under
     ``"reference"``). Without either, those two are ``None``. ``path`` replaces the Hub id (a local copy of the
     dataset repository). ``max_examples`` keeps the first N of every set. ``prompt_template``: the format the
-    model learned its facts in (:mod:`hf_unlearn.prompts`).
+    model learned its facts in (:mod:`hf_unlearn.data.prompts`).
     """
     if sets is None and benchmark not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark {benchmark!r}; choose one of {', '.join(BENCHMARKS)}.")

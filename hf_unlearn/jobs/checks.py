@@ -65,8 +65,8 @@ def check_data(cli: Any, record: UnlearnRecord | None, command: str) -> tuple[An
 
 def run_relearn_check_job(cli: Any) -> dict:
     """`hf-unlearn relearn-check`: fine-tune a copy of a saved unlearned model on part of its forget set and measure
-    the rest (:func:`hf_unlearn.relearn.check_relearning_robustness`); write relearn_check.json, and add the result
-    to the model's run record and card when it has one. The saved model is never modified."""
+    the rest (:func:`hf_unlearn.robustness.relearn.check_relearning_robustness`); write relearn_check.json, and add
+    the result to the model's run record and card when it has one. The saved model is never modified."""
     cli.require_model("relearn-check")
     from ..robustness.relearn import check_relearning_robustness, relearning_table
 

@@ -5,7 +5,7 @@ tracks utility along the way; a request must also not bring an earlier one back.
 re-measures *every* request's forget set (earlier ones: did they stay forgotten; later ones: were they touched
 already) and the retain set, warns when an earlier request's forget ROUGE-L rises by more than
 :data:`CAME_BACK_THRESHOLD` over its value right after its own run, and keeps the request ledger
-(:mod:`hf_unlearn.ledger`) that the saved model carries.
+(:mod:`hf_unlearn.training.ledger`) that the saved model carries.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .models import build_trainer
 logger = logging.get_logger(__name__)
 
 #: An earlier request "came back" when its forget ROUGE-L recall rises by more than this over its value right after
-#: its own run (the threshold of :mod:`hf_unlearn.quantize`'s check).
+#: its own run (the threshold of :mod:`hf_unlearn.robustness.quantize`'s check).
 CAME_BACK_THRESHOLD = 0.05
 SEQUENCE_FILE = "sequence.json"
 

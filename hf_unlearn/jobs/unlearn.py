@@ -101,10 +101,10 @@ def unlearn_and_report(
     ``dataset_names`` (``{"forget": ..., "retain": ..., "calibration": ...}``) names the datasets in the record and
     the model card. ``calibration_records`` (never-trained examples of the same kind) give the stopping rule its
     calibrated target (``stop_target='auto'``). ``prompt_template`` is the format the model learned its facts in
-    (:mod:`hf_unlearn.prompts`). ``config.resume_from_checkpoint`` (a checkpoint folder, or ``"true"`` for the last
-    one in ``output_dir``) resumes an interrupted run. ``earlier_requests``: the request ledger the model came with
-    (default: what the trainer finds, :func:`earlier_requests_of` for a model loaded by name). ``lm_eval``: tasks of
-    lm-evaluation-harness (:func:`~hf_unlearn.jobs.utility.lm_eval_request`) to score the model on before and
+    (:mod:`hf_unlearn.data.prompts`). ``config.resume_from_checkpoint`` (a checkpoint folder, or ``"true"`` for the
+    last one in ``output_dir``) resumes an interrupted run. ``earlier_requests``: the request ledger the model came
+    with (default: what the trainer finds, :func:`earlier_requests_of` for a model loaded by name). ``lm_eval``: tasks
+    of lm-evaluation-harness (:func:`~hf_unlearn.jobs.utility.lm_eval_request`) to score the model on before and
     after, into the record's ``lm_eval`` (measured even with ``evaluate=False``)."""
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
@@ -360,7 +360,8 @@ def audit_after_run(trainer: UnlearnTrainer, run_args: Any, output_dir: str) -> 
 
 
 def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
-    """`hf-unlearn sequence`: forget requests one after another (:func:`hf_unlearn.sequence.unlearn_sequentially`).
+    """`hf-unlearn sequence`: forget requests one after another
+    (:func:`hf_unlearn.jobs.sequence.unlearn_sequentially`).
 
     Without ``--model_name_or_path`` it runs on the embedded benchmark: its target model, one request per author of
     the forget split, the matching retain split and the calibration authors. Everything given is read and checked

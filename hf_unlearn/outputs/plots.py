@@ -85,7 +85,7 @@ def plot_truth_ratio_histogram(
 def plot_sustainability(history: Sequence[Mapping[str, Any]], path: str) -> str:
     """MUSE's sustainability view (Shi et al., arXiv 2407.06460, §3.2) of a request sequence: after each request,
     the retain ROUGE-L (utility) and every request's forget ROUGE-L; a request's line is solid from its own run on.
-    ``history`` is :attr:`hf_unlearn.sequence.SequenceResult.history`."""
+    ``history`` is :attr:`hf_unlearn.jobs.sequence.SequenceResult.history`."""
     plt = _pyplot()
     steps = [point["after_request"] for point in history]
     names = list(history[0]["forget"])

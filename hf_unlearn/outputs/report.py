@@ -1,7 +1,7 @@
 """The run report: ``report.json`` (the run record), ``report.md`` (a table a person reads) and a PNG plot.
 
-Everything here reads an :class:`~hf_unlearn.record.UnlearnRecord` or an evaluation result; nothing reaches into
-a trainer or runs a model.
+Everything here reads an :class:`~hf_unlearn.training.record.UnlearnRecord` or an evaluation result; nothing reaches
+into a trainer or runs a model.
 """
 
 from __future__ import annotations

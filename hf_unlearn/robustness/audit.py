@@ -1,13 +1,14 @@
 """One robustness audit of an unlearned model: does the forgetting survive 4-bit quantization, a relearning attack,
-and membership attacks? Each part stays callable on its own (:mod:`hf_unlearn.quantize`, :mod:`hf_unlearn.relearn`,
-:mod:`hf_unlearn.membership`); this module runs them together and states one verdict per check with its threshold.
+and membership attacks? Each part stays callable on its own (:mod:`hf_unlearn.robustness.quantize`,
+:mod:`hf_unlearn.robustness.relearn`, :mod:`hf_unlearn.evaluation.membership`); this module runs them together and
+states one verdict per check with its threshold.
 
 Thresholds (documented, and written next to each verdict):
 
 * quantization: a forget ROUGE-L recall or exact match that rises by more than
-  :data:`hf_unlearn.quantize.RETURN_THRESHOLD` after a reload in that mode (Zhang et al., ICLR 2025);
-* relearning: the measured forget answers end more than :data:`hf_unlearn.relearn.RELEARN_THRESHOLD` ROUGE-L above
-  a reference relearned the same way (or above the model's own start without a reference);
+  :data:`hf_unlearn.robustness.quantize.RETURN_THRESHOLD` after a reload in that mode (Zhang et al., ICLR 2025);
+* relearning: the measured forget answers end more than :data:`hf_unlearn.robustness.relearn.RELEARN_THRESHOLD`
+  ROUGE-L above a reference relearned the same way (or above the model's own start without a reference);
 * membership: MUSE's PrivLeak (Min-K%, the attack MUSE reports) outside +-:data:`PRIVLEAK_TOLERANCE` % of the
   model trained without the forget set: below is under-unlearning (the forget set is still recognised), above is
   over-unlearning. Without a reference model there is no PrivLeak: the AUCs are reported and the verdict is
@@ -131,7 +132,7 @@ def run_audit(
 
 
 def audit_record_fields(audit: dict[str, Any]) -> dict[str, Any]:
-    """What an audit adds to a run record (:class:`hf_unlearn.record.UnlearnRecord` fields)."""
+    """What an audit adds to a run record (:class:`hf_unlearn.training.record.UnlearnRecord` fields)."""
     return {
         "quantization": audit["quantization"],
         "relearning": audit["relearning"],

@@ -137,7 +137,7 @@ def check_quantization_robustness(
     prompt_template: str | None = None,
 ) -> dict:
     """Measure forget/retain metrics in full precision and after each quantization ``mode``, with the questions in
-    ``prompt_template`` (the format of fine-tuning, :mod:`hf_unlearn.prompts`).
+    ``prompt_template`` (the format of fine-tuning, :mod:`hf_unlearn.data.prompts`).
 
     Returns ``{"full_precision": {...}, "nf4": {"forget": ..., "retain": ..., "change": ..., "knowledge_returned":
     bool, "quantized_layers": int}, ...}``; ``change`` is quantized minus full precision for every metric.

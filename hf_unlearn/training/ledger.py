@@ -5,7 +5,8 @@ unlearned again must say what it forgot before. Each entry names one request by 
 the data itself), when it was done, how, where and why training stopped, and the metrics after it. The entries of
 earlier requests travel with the model: :class:`~hf_unlearn.UnlearnTrainer` reads the ledger of the folder the
 model was loaded from and the run record carries them (``earlier_requests``); saving writes them back with this
-run's entry appended, and the model card shows the whole list. Like :mod:`hf_unlearn.record` this is plain data.
+run's entry appended, and the model card shows the whole list. Like :mod:`hf_unlearn.training.record` this is plain
+data.
 """
 
 from __future__ import annotations

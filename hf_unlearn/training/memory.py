@@ -1,12 +1,12 @@
 """What an unlearning run holds in memory, per parameter: predicted from the settings, and counted on a live trainer.
 
-The prediction follows what :class:`~hf_unlearn.trainer.UnlearnTrainer` allocates: the weights; for every trainable
-parameter a gradient and AdamW's two moments (PyTorch keeps them in the parameter's dtype); with gradient surgery a
-second gradient buffer (the forget gradient, kept while ``p.grad`` holds the retain one); and, when the objectives
-compare with the start model (KL, NPO, ...) in full fine-tuning, a frozen reference copy (``reference_dtype``). With
-LoRA/QLoRA the reference is the base with the adapters off and costs nothing. FSDP2 and ZeRO-3 divide all of it by
-the number of processes. Activations, the probe's forwards and the allocator's slack are not included: they depend
-on batch and sequence length, and are what the measured peaks add on top.
+The prediction follows what :class:`~hf_unlearn.training.trainer.UnlearnTrainer` allocates: the weights; for every
+trainable parameter a gradient and AdamW's two moments (PyTorch keeps them in the parameter's dtype); with gradient
+surgery a second gradient buffer (the forget gradient, kept while ``p.grad`` holds the retain one); and, when the
+objectives compare with the start model (KL, NPO, ...) in full fine-tuning, a frozen reference copy
+(``reference_dtype``). With LoRA/QLoRA the reference is the base with the adapters off and costs nothing. FSDP2 and
+ZeRO-3 divide all of it by the number of processes. Activations, the probe's forwards and the allocator's slack are
+not included: they depend on batch and sequence length, and are what the measured peaks add on top.
 """
 
 from __future__ import annotations

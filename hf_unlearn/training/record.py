@@ -58,15 +58,15 @@ class UnlearnRecord:
             the result of :func:`hf_unlearn.evaluation.utility.lm_eval_utility` (``{"tasks": {task: {metric: value}},
             "settings", "lm_eval_version", "seconds"}``); ``hf-unlearn eval`` / ``audit`` of a saved run put theirs
             under ``"after"`` (the saved model is the unlearned one). Empty when not measured.
-        quantization: the result of :func:`hf_unlearn.quantize.check_quantization_robustness`, when run.
-        relearning: the result of :func:`hf_unlearn.relearn.check_relearning_robustness`, when run.
-        audit: the verdicts of :func:`hf_unlearn.audit.run_audit` (and its membership part), when run.
+        quantization: the result of :func:`hf_unlearn.robustness.quantize.check_quantization_robustness`, when run.
+        relearning: the result of :func:`hf_unlearn.robustness.relearn.check_relearning_robustness`, when run.
+        audit: the verdicts of :func:`hf_unlearn.robustness.audit.run_audit` (and its membership part), when run.
         extra: anything else a job records (benchmark, split, target model).
-        forget_fingerprint: ``sha256:...`` of the forget set's content (:func:`hf_unlearn.ledger.
+        forget_fingerprint: ``sha256:...`` of the forget set's content (:func:`hf_unlearn.training.ledger.
             forget_set_fingerprint`), what the request ledger names the request by.
         finished_at: when training ended (UTC, ISO 8601); ``None`` in a checkpoint's record.
         earlier_requests: the ledger entries of the unlearning requests the model had gone through before this run
-            (read from the folder it was loaded from; :mod:`hf_unlearn.ledger`).
+            (read from the folder it was loaded from; :mod:`hf_unlearn.training.ledger`).
         objective_state: the state stateful objectives ended with, by objective (PDU: the dual variable ``dual``,
             the bound ``epsilon`` it used, ``updates``).
     """
