@@ -24,6 +24,7 @@ good forget/retain trade-off, and does it know when it got there?
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -61,7 +62,9 @@ class CompareArguments:
     """Options of `hf-unlearn compare` (the training arguments are set per run; see the module docstring)."""
 
     output_dir: str = field(default="hf-unlearn-compare", metadata={"help": "Where compare.json/.md/.png go."})
-    methods: list[str] = field(default_factory=lambda: list(BASELINES), metadata={"help": "Baselines to run."})
+    methods: list[str] = field(
+        default_factory=lambda: list(BASELINES), metadata={"help": "Baselines to run ('none': MASC alone)."}
+    )
     learning_rates: list[float] = field(
         default_factory=lambda: [1e-5, 1e-4, 1e-3], metadata={"help": "Learning-rate grid of every method."}
     )
@@ -198,6 +201,16 @@ def in_region(row: dict, region: dict) -> bool:
         and row["retain"]["rouge_l_recall"] >= region["retain_rouge_l_recall_min"]
         and kept_knowledge
     )
+
+
+def save_partial(output_dir: str, region: dict, runs: dict) -> None:
+    """The runs finished so far, in ``compare_partial.json``: a long comparison (hours on a CPU) that is stopped
+    keeps what it measured."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "compare_partial.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"region": region, "runs": runs}, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def lm_eval_scorer(cli: CompareArguments) -> Any:
@@ -380,7 +393,8 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
         return extra
 
     masc_rates = cli.masc_learning_rates or cli.learning_rates
-    total = len(cli.seeds) * (len(masc_rates) + len(cli.methods) * len(cli.learning_rates))
+    baselines = [m for m in cli.methods if m != "none"]
+    total = len(cli.seeds) * (len(masc_rates) + len(baselines) * len(cli.learning_rates))
     progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")
     methods: dict[str, dict] = {}
     runs: dict[str, list[dict]] = {"masc": []}
@@ -418,9 +432,10 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
                 }
             )
             progress.update()
+            save_partial(cli.output_dir, region, runs)
     methods["masc"] = summarize_runs(runs["masc"], "landed", "seconds")
 
-    for method in cli.methods:
+    for method in baselines:
         runs[method] = []
         for lr in cli.learning_rates:
             for seed in cli.seeds:
@@ -467,6 +482,7 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
                     }
                 )
                 progress.update()
+                save_partial(cli.output_dir, region, runs)
         methods[method] = summarize_runs(runs[method], "landed_at_some_epoch", "time_to_region_seconds")
         methods[method]["landed_at_end"] = sum(run["landed_at_end"] for run in runs[method])
     progress.close()
