@@ -16,9 +16,11 @@ from .metrics import (
     forget_quality,
     forget_truth_ratio,
     model_utility,
-    normalized_probabilities,
+    normalized_probabilities_from,
+    option_scores,
     retain_truth_ratio,
     truth_ratios,
+    truth_ratios_from,
 )
 
 #: Answer length allowed on the real-knowledge sets. Their reference answers are a name or a few words, but a
@@ -94,8 +96,16 @@ def real_knowledge_utility(
     values: list[float] = []
     for name, records in sets.items():
         qa = evaluate_qa(model, tokenizer, records, max_new_tokens=max_new_tokens, prompt_template=prompt_template)
-        options = normalized_probabilities(model, tokenizer, records, prompt_template=prompt_template)
-        ratios = truth_ratios(model, tokenizer, records, prompt_template=prompt_template)
+        scores = option_scores(model, tokenizer, records, "answer", 32, False, prompt_template)
+        options = normalized_probabilities_from(scores)
+        # TOFU's real-knowledge sets compare the perturbed answers with the answer itself (the loader sets it as the
+        # paraphrase): then the truth ratio reads the same scores instead of a second pass over every option.
+        same_base = all("paraphrased_answer" in r and r["paraphrased_answer"] == r["answer"] for r in records)
+        ratios = (
+            truth_ratios_from(scores)
+            if same_base
+            else truth_ratios(model, tokenizer, records, prompt_template=prompt_template)
+        )
         row = {
             "rouge_l_recall": qa["rouge_l_recall"],
             "probability": sum(options) / len(options) if options else float("nan"),

@@ -381,7 +381,7 @@ def evaluate_qa(
     }
 
 
-def _alternative_scores(
+def option_scores(
     model: Any,
     tokenizer: Any,
     dataset_or_records: Any,
@@ -424,9 +424,14 @@ def truth_ratios(
     ``P~(a) = exp(-mean token NLL of a)``; the perturbed answers are averaged in log space. Records need
     ``question``, ``paraphrased_answer`` and ``perturbed_answer`` (a list of strings); others are skipped.
     """
-    scores = _alternative_scores(
+    scores = option_scores(
         model, tokenizer, dataset_or_records, "paraphrased_answer", batch_size, show_progress, prompt_template
     )
+    return truth_ratios_from(scores)
+
+
+def truth_ratios_from(scores: Sequence[tuple[float, list[float]]]) -> list[float]:
+    """Truth ratios from :func:`option_scores` (base = the paraphrased answer)."""
     return [math.exp(sum(perturbed) / len(perturbed) - base) for base, perturbed in scores]
 
 
@@ -440,9 +445,12 @@ def normalized_probabilities(
 ) -> list[float]:
     """Per question ``P~(answer) / (P~(answer) + sum P~(perturbed))``: TOFU's "Prob" on the real-authors and
     world-facts sets (Maini et al. 2024, §2.5), where the perturbed answers act as wrong options."""
-    scores = _alternative_scores(
-        model, tokenizer, dataset_or_records, "answer", batch_size, show_progress, prompt_template
-    )
+    scores = option_scores(model, tokenizer, dataset_or_records, "answer", batch_size, show_progress, prompt_template)
+    return normalized_probabilities_from(scores)
+
+
+def normalized_probabilities_from(scores: Sequence[tuple[float, list[float]]]) -> list[float]:
+    """Normalised probabilities from :func:`option_scores` (base = the answer)."""
     return [1.0 / (1.0 + sum(math.exp(p - base) for p in perturbed)) for base, perturbed in scores]
 
 
