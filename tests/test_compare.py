@@ -97,3 +97,22 @@ def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
     # With LoRA on the tiny model, MASC still moves the forget set (the adapter is what trains).
     masc = result["runs"]["masc"][0]
     assert masc["forget"]["probability"] < 0.5 * result["region"]["before"]["forget"]["probability"]
+
+
+def test_table_of_baselines_alone_leaves_the_masc_columns_empty():
+    """`--masc false` (a comparison split over two processes): no MASC row, no ratio to MASC's time or cost."""
+    from hf_unlearn.jobs.compare_report import compare_table
+
+    shown = {"forget": {"rouge_l_recall": 0.2, "membership_auc": 0.5}, "retain": {"rouge_l_recall": 0.95}}
+    summary = {
+        "runs": 1, "landed": 1, "landed_at_end": 0, "best_learning_rate": 1e-4, "seeds_landed_at_best": 1,
+        "time_to_region_seconds": 30.0, "single_run_seconds": 60.0, "grid_seconds": 60.0, "shown": shown,
+    }  # fmt: skip
+    table = compare_table({"region": REGION, "methods": {"npo_klr": summary}})
+    lines = table.splitlines()
+    assert len(lines) == 3 and "| masc |" not in table
+    assert lines[2].startswith("| npo_klr | 0/1 at budget end, 1/1 at some epoch | 0.0001 (1) | 30.0 | 60.0 | 60.0 |")
+    assert lines[2].endswith("| - | - |")
+    with_masc = {"masc": {**summary, "landed": 1, "time_to_region_seconds": 15.0, "single_run_seconds": 15.0}}
+    ratio_row = compare_table({"region": REGION, "methods": {**with_masc, "npo_klr": summary}}).splitlines()[3]
+    assert ratio_row.endswith("| 2.0x | 1/4.0 |")

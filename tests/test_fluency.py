@@ -53,3 +53,28 @@ def test_fluent_like_compares_with_the_never_trained_level():
     assert not fluent_like({"repetitive_share": 0.5, "empty_share": 0.0, "reference_nll": 2.0}, never)
     assert not fluent_like({"repetitive_share": 0.0, "empty_share": 0.3, "reference_nll": 2.0}, never)
     assert not fluent_like({"repetitive_share": 0.0, "empty_share": 0.0, "reference_nll": 3.0}, never)
+
+
+def test_answer_fluency_reads_the_answers_evaluate_qa_generated():
+    """One generation per measurement: the forget ROUGE-L's greedy answers are the ones measured for fluency."""
+    from hf_unlearn.evaluation.fluency import answer_fluency
+    from hf_unlearn.evaluation.metrics import evaluate_qa
+
+    tokenizer = build_tokenizer()
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2).eval()
+    records = [
+        {"question": "Where was Yabeel Crowsen born?", "answer": "Yabeel Crowsen was born in Lima."},
+        {"question": "What does Yabeel Crowsen write?", "answer": "He writes thrillers set in Peru."},
+    ]
+    measured = evaluate_qa(model, tokenizer, records, return_predictions=True)
+    assert len(measured["predictions"]) == 2 and "predictions" not in evaluate_qa(model, tokenizer, records)
+    generated = answer_fluency(model, tokenizer, records, reference_model=model)
+    reused = answer_fluency(model, tokenizer, records, reference_model=model, answers=measured["predictions"])
+    # greedy decoding with the same length limit: the same answers, the same figures (NaN where no answer has 3 words)
+    assert reused["examples"] == generated["examples"] == measured["predictions"]
+    for key in ("empty_share", "repetitive_share", "distinct_3", "reference_nll"):
+        assert reused[key] == pytest.approx(generated[key], nan_ok=True), key
+    given = ["190 190 190 190", "He writes thrillers set in Peru."]
+    assert answer_fluency(model, tokenizer, records, answers=given)["repetitive_share"] == pytest.approx(1 / 2)
+    with pytest.raises(ValueError, match="1 answers for 2 questions"):
+        answer_fluency(model, tokenizer, records, answers=given[:1])

@@ -171,3 +171,26 @@ def test_calibration_gap_is_the_mean_excess_over_never_seen_quantiles():
     assert calibration_gap(never_seen - 0.1, never_seen) == 0.0  # everywhere below never-seen data
     assert calibration_gap(never_seen, never_seen) == pytest.approx(0.0, abs=1e-6)  # no excess over itself
     assert calibration_gap(never_seen + 1.0, never_seen) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_the_probe_measures_hand_margins_with_the_lm_head_on_the_answers_only(architecture):
+    """The stopping probe's measurement (measure_violations) against margins and probabilities by hand, on
+    examples whose prompts differ in length; the LM head ran from the batch's earliest answer prediction on."""
+    from conftest import hand_answer_probability, hand_margins, make_tiny_model, make_varied_example
+
+    from hf_unlearn.objectives.margin import measure_violations
+
+    model = make_tiny_model(architecture).eval()
+    examples = [make_varied_example(seed) for seed in (3, 8, 13)]  # prompts of 5, 2 and 3 tokens
+    kept = []
+    model.register_forward_pre_hook(lambda _, a, kwargs: kept.append(kwargs.get("logits_to_keep")), with_kwargs=True)
+    measured = measure_violations(model, examples, 0, k=3, tau=0.0, batch_size=8)
+    longest = max(len(e["input_ids"]) for e in examples)
+    assert kept == [longest - 1]  # the earliest answer token is at position 2, predicted from position 1
+    expected = [m for e in examples for m in hand_margins(model, e, k=3)]
+    assert sorted(measured["margins"].tolist()) == pytest.approx(sorted(expected), abs=1e-5)
+    fractions = [sum(m > 0 for m in hand_margins(model, e, k=3)) / len(hand_margins(model, e, k=3)) for e in examples]
+    assert measured["fractions"].tolist() == pytest.approx(fractions)
+    probabilities = [hand_answer_probability(model, e) for e in examples]
+    assert measured["probabilities"].tolist() == pytest.approx(probabilities, rel=1e-5)

@@ -41,6 +41,11 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path,
     assert history[0]["calibration_gap"] > 2.0  # memorised: far more familiar than never-seen examples
     assert history[-1]["calibration_gap"] <= 0.5 == history[-1]["stop_threshold"]
     assert all(h["calibration_gap"] > 0.5 for h in history[1:-1])  # the first probe under the slack stopped it
+    # The never-seen margins are measured again only near the stop, and always at the probe that stops: the decisive
+    # gap is against margins of the same weights; far from it the last measured ones serve (no forward pass).
+    assert history[-1]["calibration_measured"] == 1.0
+    assert any(h["calibration_measured"] == 0.0 for h in history[1:-1])
+    assert all(h["calibration_measured"] == 1.0 for h in history if h["calibration_gap"] <= 0.5 + 1.0)
     assert "calibration gap" in record.stop_reason and "never-seen" in record.stop_reason
     assert record.calibration_dataset == {"name": None, "num_examples": 8}
     assert record.hyperparameters["stop_target"] == "calibration"
@@ -76,6 +81,8 @@ def test_a_blown_up_model_is_a_failure_with_the_last_good_weights_kept(tmp_path,
     record = trainer.record
     assert record.stop_kind == "utility_floor" and not record.success and not record.stopped_early
     assert record.stop_step == 2 and record.restored_step == 0
+    # The failure was decided on the fixed retain sample, not on the training batches' screen.
+    assert record.probe_history[-1]["retain_probability_measured"] == 1.0
     assert record.stop_reason.startswith("stopped: utility floor. At step 2 the retain answer probability fell to")
     assert "the weights of step 0 were restored" in record.stop_reason
     for name, param in trainer.model.named_parameters():
@@ -179,16 +186,45 @@ def test_running_rate_equals_an_eval_mode_probe_on_the_same_batch(tmp_path, memo
     just_trained = sum(hand_answer_probability(trainer.model, example) for example in retain) / len(retain)
     assert 1 - by_hand != pytest.approx(1 - just_trained, rel=1e-3)  # the batch trained on would read otherwise
     assert expected_retain["probabilities"].numel() == 4
+    assert measured["retain_probability_measured"] == 1.0  # the first probe sets the start: the fixed sample
+    # Later probes read the retain batches trained on since the last probe (the screen), while that reading stays
+    # above twice the floor: the same batch again, so the reading is the hand value of those 4 examples.
+    trainer.model.train()  # the hand computation left the model in eval mode
+    trainer.compute_loss(trainer.model, batch)
+    screened = trainer.probe()
+    assert screened["retain_probability_measured"] == 0.0
+    assert 1 - screened["retain_probability"] == pytest.approx(1 - just_trained, rel=1e-3)
 
 
-def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state):
-    """Per probe: no forward over the fixed forget sample; the retain sample (for the utility floor) and the
-    never-trained sets still get one."""
+def test_the_retain_screen_falls_back_to_the_fixed_sample_under_twice_the_floor(tmp_path, memorized_llama_state):
+    """A screen reading under 2 x floor x start is not trusted: the fixed sample is measured and decides."""
+    trainer = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path, utility_floor=0.25), FORGET, RETAIN)
+    forget, retain = FORGET[:4], RETAIN[:4]
+    batch = {"forget": pad_examples(forget, 0), "retain": pad_examples(retain, 0)}
+    trainer.model.train()
+    trainer.probe()
+    start = trainer.probes.start_retain_probability
+    trainer.compute_loss(trainer.model, batch)
+    just_trained = sum(hand_answer_probability(trainer.model, example) for example in retain) / len(retain)
+    assert trainer.probes.running_sums["retain"][1] == 4  # the screen has a reading, which must not be used
+    # A floor placed so that twice it sits just above the batch's reading: the screen must not be used.
+    trainer.args.utility_floor = just_trained / start / 2 + 1e-3
+    measured = trainer.probe()
+    by_hand = sum(hand_answer_probability(trainer.model, example) for example in RETAIN) / len(RETAIN)
+    assert measured["retain_probability_measured"] == 1.0
+    assert 1 - measured["retain_probability"] == pytest.approx(1 - by_hand, rel=1e-3)
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["screened", "every_probe"])
+def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state, lazy):
+    """Per probe: no forward over the fixed forget sample; with the defaults (retain screen, calibration refreshed
+    near the stop or every 4 probes) none over the retain and calibration samples either, far from the stop."""
     forwards = {}
+    extra = {} if lazy else dict(retain_probe="every_probe", calibration_refresh_margin=None)
     for running in (True, False):
         trainer = UnlearnTrainer(
             fresh(memorized_llama_state),
-            config(tmp_path, running_probe=running, stop_alpha=0.0, max_steps=8),
+            config(tmp_path, running_probe=running, stop_alpha=0.0, max_steps=8, **extra),
             FORGET,
             RETAIN,
             calibration_dataset=NEVER_SEEN,
@@ -198,10 +234,16 @@ def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state)
         trainer.train()
         forwards[running] = len(calls)
     # Both: 8 steps x 2 parts, the final bound, the step-0 probe (nothing trained yet: train sample, two batches
-    # of the 16-example retain sample, calibration), then at steps 2, 4, 6, 8 the retain sample and the
-    # calibration set. Forward mode also runs the 8-example train sample at those four probes.
-    assert forwards[True] == 8 * 2 + 1 + 4 + 4 * 3
-    assert forwards[False] - forwards[True] == 4
+    # of the 16-example retain sample, calibration). Then at steps 2, 4, 6, 8: every probe, the retain sample and
+    # the calibration set (3 forwards each); screened, only step 8's calibration refresh (the 4th probe since the
+    # last: the memorised forget set is far from the stop). Forward mode also runs the 8-example train sample at
+    # those four probes; screened, it has no running retain reading either, so the retain sample runs each time.
+    if lazy:
+        assert forwards[True] == 8 * 2 + 1 + 4 + 1
+        assert forwards[False] - forwards[True] == 4 + 4 * 2
+    else:
+        assert forwards[True] == 8 * 2 + 1 + 4 + 4 * 3
+        assert forwards[False] - forwards[True] == 4
 
 
 def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
@@ -212,20 +254,29 @@ def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
     assert not trainer.probes.running  # GPT-2's default dropout makes training-mode margins random
 
 
-def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state):
-    """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over."""
+@pytest.mark.parametrize("calibrated", [False, True], ids=["alpha", "calibrated"])
+def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state, calibrated):
+    """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over, and with
+    the calibrated target the never-seen margins last measured (the hinge's thresholds between refreshes)."""
     common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=3)
-    first = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN)
+    calibration = {"calibration_dataset": NEVER_SEEN} if calibrated else {}
+    first = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN, **calibration
+    )
     first.train()
     stop = first.record.stop_step
     assert stop is not None and stop >= 6
     checkpoint = max(s for s in range(3, stop, 3) if s % 2 == 1)  # between two probes
-    resumed = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path / "b", **common), FORGET, RETAIN)
+    resumed = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path / "b", **common), FORGET, RETAIN, **calibration
+    )
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / f"checkpoint-{checkpoint}"))
     assert resumed.record.stop_step == stop
-    first_rates = [h["violation_rate"] for h in first.record.probe_history]
-    resumed_rates = [h["violation_rate"] for h in resumed.record.probe_history]
-    assert resumed_rates == pytest.approx(first_rates, rel=1e-5)
+    keys = ("violation_rate", "calibration_gap", "retain_probability") if calibrated else ("violation_rate",)
+    for key in keys:
+        first_values = [h[key] for h in first.record.probe_history]
+        resumed_values = [h[key] for h in resumed.record.probe_history]
+        assert resumed_values == pytest.approx(first_values, rel=1e-5), key
 
 
 @pytest.mark.slow

@@ -58,12 +58,17 @@ def measure_qa_sets(
     forget_set: str | None = None,
     retain_only_truth_ratios: Sequence[float] | None = None,
     membership_holdout: Sequence[Mapping[str, Any]] | None = None,
+    return_predictions: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """``{set name: metrics}`` for every question/answer set in ``sets``. The set named ``forget_set`` also gets its
     truth ratio (with ``retain_only_truth_ratios``, its forget quality too) when its records carry paraphrased and
-    perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records."""
+    perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records.
+    ``return_predictions``: every set's greedy answers under ``"predictions"``."""
     measured = {
-        name: evaluate_qa(model, tokenizer, records, prompt_template=prompt_template) for name, records in sets.items()
+        name: evaluate_qa(
+            model, tokenizer, records, prompt_template=prompt_template, return_predictions=return_predictions
+        )
+        for name, records in sets.items()
     }
     if forget_set is None:
         return measured

@@ -74,19 +74,27 @@ def answer_fluency(
     max_new_tokens: int | None = None,
     prompt_template: str | None = None,
     batch_size: int = 32,
+    answers: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Greedy answers of ``model`` to the questions of ``records``, measured for fluency (module docstring):
     ``empty_share``, ``repetitive_share``, ``distinct_3`` and, with ``reference_model`` (same tokenizer),
-    ``reference_nll``. ``examples`` holds the first three answers, for a reader to see."""
+    ``reference_nll``. ``examples`` holds the first three answers, for a reader to see. ``answers``: the greedy
+    answers already generated (``evaluate_qa(..., return_predictions=True)``), one per record, instead of
+    generating them again."""
     rows = qa_records(records)
     questions = [str(r["question"]) for r in rows]
-    if max_new_tokens is None:
-        max_new_tokens = default_max_new_tokens(
-            tokenizer, [str(r["answer"]) for r in rows], prompt_template=prompt_template
+    if answers is not None:
+        if len(answers) != len(questions):
+            raise ValueError(f"answer_fluency got {len(answers)} answers for {len(questions)} questions.")
+        answers = list(answers)
+    else:
+        if max_new_tokens is None:
+            max_new_tokens = default_max_new_tokens(
+                tokenizer, [str(r["answer"]) for r in rows], prompt_template=prompt_template
+            )
+        answers = generate_answers(
+            model, tokenizer, questions, max_new_tokens, batch_size, prompt_template=prompt_template
         )
-    answers = generate_answers(
-        model, tokenizer, questions, max_new_tokens, batch_size, prompt_template=prompt_template
-    )
     measured: dict[str, Any] = repetition(answers)
     if reference_model is not None:
         measured["reference_nll"] = reference_nll(reference_model, tokenizer, questions, answers, prompt_template)

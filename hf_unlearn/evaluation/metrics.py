@@ -26,6 +26,7 @@ from scipy.stats import hmean, ks_2samp
 from ..data.examples import IGNORE_INDEX, tokenize_prompt, tokenize_qa
 from ..data.pairing import pad_examples
 from ..objectives.margin import (
+    accepts_logits_to_keep,
     exact_reproduction_bound,
     measure_violations,
     threshold_from_probability,
@@ -191,7 +192,7 @@ def score_teacher_forced(
     device = model_device(model)
     examples, order = by_length(examples, lambda example: len(example["input_ids"]))
     results: list[Any] = []
-    keep_supported = _accepts_logits_to_keep(model)
+    keep_supported = accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
     try:
@@ -241,17 +242,6 @@ def answer_log_probs(
     return score_teacher_forced(
         model, examples, pad_token_id_of(tokenizer), sums_and_counts, batch_size, show_progress
     )
-
-
-def _accepts_logits_to_keep(model: Any) -> bool:
-    """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def answer_probability(
@@ -348,19 +338,22 @@ def evaluate_qa(
     batch_size: int = 32,
     show_progress: bool = False,
     prompt_template: str | None = None,
-) -> dict[str, float]:
+    return_predictions: bool = False,
+) -> dict[str, Any]:
     """Mean ROUGE-L recall, answer probability and exact match over the records with ``question`` and ``answer``.
 
     ``dataset_or_records`` is a :class:`datasets.Dataset` or a sequence of mappings. ``max_new_tokens`` defaults
     to the longest tokenized answer plus a few tokens. Returns ``{"rouge_l_recall", "probability",
-    "exact_match", "num_examples"}`` (the means are NaN when there is no example).
+    "exact_match", "num_examples"}`` (the means are NaN when there is no example), and with ``return_predictions``
+    the greedy answers under ``"predictions"`` (so a fluency measure can read them instead of generating again).
     """
     records = qa_records(dataset_or_records)
     questions = [str(r["question"]) for r in records]
     answers = [str(r["answer"]) for r in records]
     if not records:
         nan = float("nan")
-        return {"rouge_l_recall": nan, "probability": nan, "exact_match": nan, "num_examples": 0}
+        empty: dict[str, Any] = {"rouge_l_recall": nan, "probability": nan, "exact_match": nan, "num_examples": 0}
+        return {**empty, "predictions": []} if return_predictions else empty
     if max_new_tokens is None:
         max_new_tokens = default_max_new_tokens(tokenizer, answers, prompt_template=prompt_template)
     predictions = generate_answers(
@@ -373,12 +366,15 @@ def evaluate_qa(
     def mean(values: Sequence[float]) -> float:
         return sum(values) / len(values)
 
-    return {
+    measured: dict[str, Any] = {
         "rouge_l_recall": mean(rouge_l_recall(predictions, answers)),
         "probability": mean(probabilities),
         "exact_match": mean(exact_match(predictions, answers)),
         "num_examples": len(records),
     }
+    if return_predictions:
+        measured["predictions"] = predictions
+    return measured
 
 
 def option_scores(

@@ -68,6 +68,13 @@ class CompareArguments:
     learning_rates: list[float] = field(
         default_factory=lambda: [1e-5, 1e-4, 1e-3], metadata={"help": "Learning-rate grid of every method."}
     )
+    masc: bool = field(
+        default=True,
+        metadata={
+            "help": "Run MASC (false: the baselines alone, e.g. to split a long comparison over two processes; "
+            "the tables then leave MASC's columns empty)."
+        },
+    )
     masc_learning_rates: list[float] | None = field(
         default=None, metadata={"help": "MASC's learning rates (default: the same grid as the baselines)."}
     )
@@ -309,20 +316,24 @@ class CompareSetting:
     real_knowledge: dict[str, Any] = field(default_factory=dict)
     measure_fluency: bool = False
 
-    def measure(self, model: Any, tokenizer: Any = None, with_fluency: bool = False) -> dict:
+    def measure(self, model: Any, tokenizer: Any = None, with_fluency: bool | None = None) -> dict:
         """Forget/retain metrics with membership (and, on TOFU, real-knowledge utility and the forget answers'
-        fluency against the never-trained model)."""
+        fluency against the never-trained model, read from the answers the forget ROUGE-L scored: no second
+        generation). ``with_fluency`` defaults to ``measure_fluency``."""
         tokenizer = tokenizer or self.tokenizer
+        with_fluency = self.measure_fluency if with_fluency is None else with_fluency
         sets = {"forget": self.forget_records, "retain": self.retain_eval}
         row = measure_qa_sets(
             model, tokenizer, sets, forget_set="forget", retain_only_truth_ratios=self.reference_ratios,
-            membership_holdout=self.holdout_records,
+            membership_holdout=self.holdout_records, return_predictions=with_fluency,
         )  # fmt: skip
         if self.real_knowledge:
             row["real_knowledge"] = real_knowledge_utility(model, tokenizer, self.real_knowledge)
         if with_fluency:
+            answers = row["forget"].pop("predictions")
+            row["retain"].pop("predictions", None)
             row["forget"]["fluency"] = answer_fluency(
-                model, tokenizer, self.forget_records, reference_model=self.reference_model
+                model, tokenizer, self.forget_records, reference_model=self.reference_model, answers=answers
             )
         return row
 
@@ -342,8 +353,8 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
 
     fluency = setting.measure_fluency
     measure = setting.measure
-    before = measure(target_model, with_fluency=fluency)
-    never_trained = measure(setting.reference_model, setting.reference_tokenizer, with_fluency=fluency)
+    before = measure(target_model)
+    never_trained = measure(setting.reference_model, setting.reference_tokenizer)
     if lm_eval is not None:
         before["lm_eval"] = lm_eval(target_model, tokenizer)
         never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
@@ -392,12 +403,12 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
             extra["nf4"]["seconds"] = time.perf_counter() - start
         return extra
 
-    masc_rates = cli.masc_learning_rates or cli.learning_rates
+    masc_rates = (cli.masc_learning_rates or cli.learning_rates) if cli.masc else []
     baselines = [m for m in cli.methods if m != "none"]
     total = len(cli.seeds) * (len(masc_rates) + len(baselines) * len(cli.learning_rates))
     progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")
     methods: dict[str, dict] = {}
-    runs: dict[str, list[dict]] = {"masc": []}
+    runs: dict[str, list[dict]] = {"masc": []} if masc_rates else {}
 
     for lr in masc_rates:
         for seed in cli.seeds:
@@ -414,7 +425,7 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
             trainer.train()
             record = trainer.record
             start = time.perf_counter()
-            row = measure(trainer.model, with_fluency=fluency)
+            row = measure(trainer.model)
             measure_seconds = time.perf_counter() - start
             runs["masc"].append(
                 {
@@ -426,6 +437,9 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
                     "measure_seconds": measure_seconds,
                     "steps": record.global_step,
                     "stop_kind": record.stop_kind,
+                    "stop_reason": record.stop_reason,
+                    # where the stop fired: every probe's forget / never-seen / retain readings
+                    "probe_history": record.probe_history,
                     "landed": record.stop_kind == "target" and in_region(row, region),
                     **row,
                     **finish(trainer.model, row),
@@ -433,7 +447,8 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
             )
             progress.update()
             save_partial(cli.output_dir, region, runs)
-    methods["masc"] = summarize_runs(runs["masc"], "landed", "seconds")
+    if masc_rates:
+        methods["masc"] = summarize_runs(runs["masc"], "landed", "seconds")
 
     for method in baselines:
         runs[method] = []

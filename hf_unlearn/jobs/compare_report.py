@@ -12,7 +12,7 @@ def fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def compare_table(result: dict) -> str:
-    masc = result["methods"]["masc"]
+    masc = result["methods"].get("masc")  # absent when the comparison ran the baselines alone (--masc false)
     tofu = "real_knowledge_utility_min" in result["region"]
     header = (
         "| method | runs landing in the region | best lr (seeds landing) | time to region at best lr (s) | "
@@ -28,9 +28,10 @@ def compare_table(result: dict) -> str:
             ratio, cost = "1.0x", "-"
         else:
             landed = f"{row['landed_at_end']}/{row['runs']} at budget end, {row['landed']}/{row['runs']} at some epoch"
-            mine, masc_time = row["time_to_region_seconds"], masc["time_to_region_seconds"]
+            mine = row["time_to_region_seconds"]
+            masc_time = masc["time_to_region_seconds"] if masc else None
             ratio = "-" if mine is None or masc_time is None else f"{mine / masc_time:.1f}x"
-            cost = f"1/{row['grid_seconds'] / masc['single_run_seconds']:.1f}"
+            cost = f"1/{row['grid_seconds'] / masc['single_run_seconds']:.1f}" if masc else "-"
         shown = row["shown"]
         knowledge = f"{shown['real_knowledge']['utility']:.3f} | " if tofu else ""
         lines.append(

@@ -196,6 +196,27 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return log_probs * mask, mask
 
 
+def accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def answer_window(labels: torch.Tensor) -> int:
+    """The first position whose logits predict an answer token in any row of ``labels`` (B, T): the LM head is
+    needed from there on only (``logits_to_keep = T - answer_window(labels)``)."""
+    scored = labels != IGNORE_INDEX
+    if not bool(scored.any()):
+        return 0
+    first = int(scored.int().argmax(dim=-1)[scored.any(dim=-1)].min())
+    return max(first - 1, 0)
+
+
 @torch.no_grad()
 def measure_violations(
     model: Any,
@@ -217,6 +238,7 @@ def measure_violations(
     a collective).
     """
     device = next(model.parameters()).device
+    keep_supported = accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
     fractions, lengths, probabilities, margins = [], [], [], []
@@ -224,15 +246,20 @@ def measure_violations(
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
             batch = {key: value.to(device) for key, value in padded.items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            shifted, labels = shift_for_causal_lm(logits, batch["labels"])
+            # The LM head (and the top-k over the vocabulary) only where an answer token is predicted: a chat
+            # template's prompt is often half the sequence.
+            first = answer_window(batch["labels"]) if keep_supported else 0
+            extra = {"logits_to_keep": batch["labels"].shape[1] - first} if keep_supported else {}
+            answer_labels = batch["labels"][:, first:]
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra).logits
+            shifted, labels = shift_for_causal_lm(logits, answer_labels)
             teacher = None
             if reference_logits is not None:
-                teacher, _ = shift_for_causal_lm(reference_logits(batch), batch["labels"])
+                teacher, _ = shift_for_causal_lm(reference_logits(batch)[:, first:], answer_labels)
             result = restricted_margin(shifted, labels, k=k, beta=beta, teacher_logits=teacher, delta=delta)
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
-            log_probs, mask = token_log_probs(logits, batch["labels"])
+            log_probs, mask = token_log_probs(logits, answer_labels)
             probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())

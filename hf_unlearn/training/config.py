@@ -50,6 +50,7 @@ STOP_PROBES = ("train", "holdout")
 FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
+RETAIN_PROBES = ("screen", "every_probe")
 
 
 def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
@@ -119,7 +120,8 @@ class UnlearnConfig(TrainingArguments):
       `masc_threshold`, `competitor_source`, `competitor_delta`.
     > Parameters that control the stopping rule (§3, and the calibrated target): `stop_on_violation`,
       `stop_target`, `stop_alpha`, `calibration_slack`, `probe_interval`, `stop_probe`, `holdout_fraction`,
-      `probe_size`, `hoeffding`, `hoeffding_delta`, `running_probe`, `self_stop_max_steps`.
+      `probe_size`, `hoeffding`, `hoeffding_delta`, `running_probe`, `retain_probe`, `calibration_refresh_margin`,
+      `calibration_refresh_every`, `self_stop_max_steps`.
     > Parameters that guard the retain side: `utility_floor`, `restore_on_failure`, `keep_best_state`.
     > Parameters of continuation scoring (long forget texts, MASC's MUSE setting): `forget_scoring`,
       `continuation_cut_min_ratio`, `continuation_cut_max_ratio`, `continuation_min_prefix_tokens`,
@@ -248,6 +250,30 @@ class UnlearnConfig(TrainingArguments):
             "examples trained on since the last probe) instead of an extra forward pass over a fixed sample. Falls "
             "back to the extra forward when the model has dropout (training-mode margins differ from eval-mode ones)."
         },
+    )
+    retain_probe: str = field(
+        default="screen",
+        metadata={
+            "help": "How the utility floor reads the retain side at a probe: 'screen' (with the running probe: the "
+            "retain batches' own forward passes since the last probe are the reading, and the fixed retain sample "
+            "is measured only at the start and when that reading is under twice the floor, so a failure is always "
+            "decided on the fixed sample) or 'every_probe' (the fixed sample at every probe: an extra forward pass "
+            "of probe_size retain examples each time)."
+        },
+    )
+    calibration_refresh_margin: float | None = field(
+        default=1.0,
+        metadata={
+            "help": "Calibrated target: re-measure the never-seen (calibration) margins at a probe only when the "
+            "calibration gap against the last ones measured is within this many logits of calibration_slack, or "
+            "when calibration_refresh_every probes have passed; a stop therefore always compares with fresh "
+            "margins. None: re-measure at every probe (an extra forward pass of probe_size calibration examples "
+            "each time)."
+        },
+    )
+    calibration_refresh_every: int = field(
+        default=4,
+        metadata={"help": "Calibrated target: re-measure the never-seen margins at least every this many probes."},
     )
     self_stop_max_steps: int = field(
         default=500,
@@ -505,6 +531,15 @@ class UnlearnConfig(TrainingArguments):
             raise ValueError(f"masc_eta must be positive, got {self.masc_eta}.")
         if not 0.0 <= self.stop_alpha <= 1.0:
             raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {self.stop_alpha}.")
+        if self.retain_probe not in RETAIN_PROBES:
+            raise ValueError(f"retain_probe must be one of {RETAIN_PROBES}, got {self.retain_probe!r}.")
+        if self.calibration_refresh_margin is not None and self.calibration_refresh_margin < 0:
+            raise ValueError(
+                f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
+                f"{self.calibration_refresh_margin}."
+            )
+        if self.calibration_refresh_every < 1:
+            raise ValueError(f"calibration_refresh_every must be >= 1, got {self.calibration_refresh_every}.")
         if self.probe_interval < 0:
             raise ValueError(f"probe_interval must be >= 0, got {self.probe_interval}.")
         threshold_from_probability(self.masc_rho)  # validates rho

@@ -120,6 +120,9 @@ class ProbeState:
         self.running_sums: dict[str, torch.Tensor] = {}
         self.running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
+        self.calibration_latest: dict[str, float] = {}  # the last calibration measurement's rate and probability
+        self.probes_since_calibration = 0
+        self.start_retain_probability: float | None = None  # the fixed retain sample's, at the first probe
         self.latest: dict[str, float] = {}  # the last probe's numbers, for Trainer's next log
         self.seconds = 0.0
         # Seconds per probe set ('train', 'holdout', 'calibration', 'retain'), the split of ``seconds``.
@@ -160,6 +163,18 @@ class ProbeState:
         if self.calibrated:
             self.running_margins.append(margins.margins[margins.mask].float())
 
+    @torch.no_grad()
+    def accumulate_retain(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """[answer probability, examples] of a retain batch from its own training forward, summed on the device:
+        the utility floor's screen (``retain_probe='screen'``). It lags an update behind and is noisier than the
+        fixed sample (see :meth:`accumulate`), which is why it only decides when the fixed sample is measured."""
+        log_probs, mask = token_log_probs(logits.detach(), labels)
+        lengths = mask.sum(-1)
+        scored = (lengths > 0).float()
+        probabilities = torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored
+        stats = torch.stack([probabilities.sum(), scored.sum()]).double()
+        self.running_sums["retain"] = self.running_sums["retain"] + stats if "retain" in self.running_sums else stats
+
     def _read_running(self) -> dict[str, torch.Tensor]:
         """The running sums since the last probe, summed over processes, then cleared."""
         sums: dict[str, torch.Tensor] = {}
@@ -172,23 +187,57 @@ class ProbeState:
                 margins = margins[~torch.isnan(margins)]
             sums["forget_margins"] = margins.cpu()
             self.running_margins = []
-        total = self.running_sums.get("forget")
-        if total is None:
-            total = torch.zeros(3, dtype=torch.float64, device=self.args.device)
-        if processes > 1:
-            total = self.accelerator.reduce(total, reduction="sum")
-        sums["forget"] = total.cpu()
+        for part, size in (("forget", 3), ("retain", 2)):
+            total = self.running_sums.get(part)
+            if total is None:
+                total = torch.zeros(size, dtype=torch.float64, device=self.args.device)
+            if processes > 1:
+                total = self.accelerator.reduce(total, reduction="sum")
+            sums[part] = total.cpu()
         self.running_sums.clear()
         return sums
 
     def export_running(self) -> dict[str, list[float]]:
-        """The running sums as plain numbers, saved with a checkpoint."""
-        return {part: total.tolist() for part, total in self.running_sums.items()}
+        """The running sums as plain numbers, saved with a checkpoint, with what a resumed run needs to take the
+        same decisions: the forget margins since the last probe (the calibration gap's), the never-seen margins
+        last measured (the loss's thresholds between refreshes), the probes since then, and the fixed retain
+        sample's start value (the screen's reference)."""
+        exported = {part: total.tolist() for part, total in self.running_sums.items()}
+        if self.running_margins:  # the calibrated target's forget margins since the last probe
+            exported["forget_margins"] = torch.cat(self.running_margins).cpu().tolist()
+        if self.calibration_margins is not None:
+            exported["calibration_margins"] = self.calibration_margins.float().cpu().tolist()
+            exported["calibration_latest"] = [
+                self.calibration_latest.get("violation_rate_calibration", float("nan")),
+                self.calibration_latest.get("calibration_probability", float("nan")),
+            ]
+        exported["probe_state"] = [
+            float(self.probes_since_calibration),
+            float("nan") if self.start_retain_probability is None else self.start_retain_probability,
+        ]
+        return exported
 
     def restore_running(self, saved: dict[str, list[float]] | None) -> None:
+        saved = dict(saved or {})
+        forget_margins = saved.pop("forget_margins", None)
+        self.running_margins = (
+            [torch.tensor(forget_margins, dtype=torch.float32, device=self.args.device)] if forget_margins else []
+        )
+        margins = saved.pop("calibration_margins", None)
+        if margins is not None:
+            self.calibration_margins = torch.tensor(margins, dtype=torch.float32, device=self.args.device)
+        latest = saved.pop("calibration_latest", None)
+        if latest is not None:
+            self.calibration_latest = {
+                "violation_rate_calibration": latest[0],
+                "calibration_probability": latest[1],
+            }
+        probe_state = saved.pop("probe_state", None)
+        if probe_state is not None:
+            self.probes_since_calibration = int(probe_state[0])
+            self.start_retain_probability = None if probe_state[1] != probe_state[1] else probe_state[1]
         self.running_sums = {
-            part: torch.tensor(values, dtype=torch.float64, device=self.args.device)
-            for part, values in (saved or {}).items()
+            part: torch.tensor(values, dtype=torch.float64, device=self.args.device) for part, values in saved.items()
         }
 
     # --- measurements -------------------------------------------------------------------------------------
@@ -219,9 +268,51 @@ class ProbeState:
         return self.calibration_margins
 
     def _measure_calibration(self) -> dict[str, torch.Tensor]:
+        began = time.perf_counter()
         calibration = self.measure_margins(self.sets.calibration)
         self.calibration_margins = calibration["margins"].sort().values.to(self.args.device)
+        self.calibration_latest = {
+            "violation_rate_calibration": calibration["fractions"].mean().item(),
+            "calibration_probability": calibration["probabilities"].mean().item(),
+        }
+        self.probes_since_calibration = 0
+        self.seconds_by_set["calibration"] = self.seconds_by_set.get("calibration", 0.0) + time.perf_counter() - began
         return calibration
+
+    def _calibration_is_stale(self, forget_margins: Mapping[str, torch.Tensor]) -> tuple[bool, float | None]:
+        """Whether this probe can keep the never-seen margins last measured, and the gap against them.
+
+        They are re-measured when ``calibration_refresh_margin`` is None, when ``calibration_refresh_every`` probes
+        have passed, or when the gap against them is within ``calibration_refresh_margin`` of the stop's slack: a
+        stop (gap <= slack) is therefore always decided on margins measured at the same probe. Between refreshes the
+        never-seen margins move little (the model never trains on them) while the forget margins fall; the saving
+        is one forward pass over the calibration sample per probe."""
+        margin = self.args.calibration_refresh_margin
+        if self.calibration_margins is None or margin is None:
+            return False, None
+        if self.probes_since_calibration + 1 >= self.args.calibration_refresh_every:
+            return False, None
+        stop_probe = self.args.stop_probe
+        if stop_probe not in forget_margins:
+            return True, None
+        stale_gap = calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
+        return stale_gap > self.args.calibration_slack + margin, stale_gap
+
+    def _retain_reading(self, running: Mapping[str, torch.Tensor]) -> tuple[float | None, str]:
+        """The retain answer probability the utility floor reads at this probe, and where it came from: the retain
+        batches trained on since the last probe (``retain_probe='screen'``) while that reading stays at or above
+        twice the floor (without a floor, nothing is decided on it), else the fixed retain sample."""
+        floor = self.args.utility_floor or 0.0
+        total = running.get("retain")
+        if (
+            self.args.retain_probe != "screen"
+            or self.start_retain_probability is None
+            or total is None
+            or total[1] <= 0
+        ):
+            return None, "sample"
+        reading = float(total[0] / total[1])
+        return (reading, "running") if reading >= 2 * floor * self.start_retain_probability else (None, "sample")
 
     def probe(self) -> dict[str, float]:
         """The stopping rule's measurement: violation rate of the stopping probe, plus the other probes' rates, the
@@ -261,23 +352,30 @@ class ProbeState:
             if name == "train":
                 train_examples = len(margins["fractions"])
         if self.sets.calibration:
-            began = time.perf_counter()
-            calibration = self._measure_calibration()
-            self.seconds_by_set["calibration"] = (
-                self.seconds_by_set.get("calibration", 0.0) + time.perf_counter() - began
-            )
-            measured["violation_rate_calibration"] = calibration["fractions"].mean().item()
-            measured["calibration_probability"] = calibration["probabilities"].mean().item()
-            if self.args.stop_probe in forget_margins:
-                measured["calibration_gap"] = calibration_gap(
-                    forget_margins[self.args.stop_probe], calibration["margins"]
-                )
+            stale, stale_gap = self._calibration_is_stale(forget_margins)
+            if stale:
+                self.probes_since_calibration += 1
+                measured.update(self.calibration_latest)
+                measured["calibration_gap"] = stale_gap
+            else:
+                calibration = self._measure_calibration()
+                measured.update(self.calibration_latest)
+                if self.args.stop_probe in forget_margins:
+                    measured["calibration_gap"] = calibration_gap(
+                        forget_margins[self.args.stop_probe], calibration["margins"]
+                    )
+            measured["calibration_measured"] = float(not stale)
         stop_probe = self.args.stop_probe
         measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]
         measured["num_examples"] = train_examples if stop_probe == "train" else len(self.sets.holdout)
         if self.sets.retain:
-            retain = timed("retain", self.sets.retain)
-            measured["retain_probability"] = retain["probabilities"].mean().item()
+            reading, source = self._retain_reading(running)
+            if reading is None:
+                reading = timed("retain", self.sets.retain)["probabilities"].mean().item()
+                if self.start_retain_probability is None:
+                    self.start_retain_probability = reading
+            measured["retain_probability"] = reading
+            measured["retain_probability_measured"] = float(source == "sample")
         measured = self._agree_across_processes(measured)
         self.latest.update({key: value for key, value in measured.items() if key != "num_examples"})
         self.seconds += time.perf_counter() - start

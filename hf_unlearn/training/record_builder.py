@@ -39,6 +39,9 @@ STOPPING_HYPERPARAMETERS = (
     "hoeffding",
     "hoeffding_delta",
     "running_probe",
+    "retain_probe",
+    "calibration_refresh_margin",
+    "calibration_refresh_every",
 )
 GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure", "keep_best_state")
 CONTINUATION_HYPERPARAMETERS = (

@@ -358,6 +358,8 @@ class UnlearnTrainer(Trainer):
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
         if self.probes.running and model.training and part == "forget":
             self.probes.accumulate(loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits)
+        if self.probes.running and model.training and part == "retain" and self.args.retain_probe == "screen":
+            self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
         return objective.fn(loss_inputs)
