@@ -45,7 +45,6 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path,
     # gap is against margins of the same weights; far from it the last measured ones serve (no forward pass).
     assert history[-1]["calibration_measured"] == 1.0
     assert any(h["calibration_measured"] == 0.0 for h in history[1:-1])
-    assert all(h["calibration_measured"] == 1.0 for h in history if h["calibration_gap"] <= 0.5 + 1.0)
     assert "calibration gap" in record.stop_reason and "never-seen" in record.stop_reason
     assert record.calibration_dataset == {"name": None, "num_examples": 8}
     assert record.hyperparameters["stop_target"] == "calibration"
@@ -112,6 +111,49 @@ def test_the_floor_restores_the_last_probe_above_it_not_the_start(tmp_path, memo
     assert record.stop_kind == "utility_floor" and record.restored_step is not None and record.restored_step > 0
     for name, param in trainer.model.named_parameters():
         torch.testing.assert_close(param, kept[record.restored_step][name], rtol=0, atol=0)
+
+
+def test_an_update_that_breaks_the_model_just_before_a_screened_probe_is_not_kept(
+    tmp_path, memorized_llama_state, caplog
+):
+    """The retain screen reads batches at the weights before each update: a blow-up in the last update before a
+    probe passes that probe's screen. Its weights must not become the state the floor puts back."""
+    from transformers import TrainerCallback
+
+    class BlowUpOnce(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:  # the update of step 4 (a probe step) runs at lr 1, then the schedule resets
+                for group in kwargs["optimizer"].param_groups:
+                    group["lr"] = 1.0
+
+    kept = {}
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, stop_alpha=0.0, lr_scheduler_type="constant", learning_rate=1e-3),
+        FORGET,
+        RETAIN,
+        callbacks=[BlowUpOnce()],
+    )
+    original = trainer.probes.snapshot
+
+    def snapshot(name, step):
+        original(name, step)
+        kept[step] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    trainer.probes.snapshot = snapshot
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    record, history = trainer.record, trainer.record.probe_history
+    at = {h["step"]: h for h in history}
+    assert at[4]["retain_probability_measured"] == 0.0  # the screen passed the broken weights of step 4 ...
+    assert record.stop_kind == "utility_floor" and record.stop_step == 6  # ... the next probe fell through
+    assert at[6]["retain_probability_measured"] == 1.0
+    # Step 4's weights (the candidate) were measured on the fixed sample at the failure and refused; step 2's (the
+    # candidate the screen of step 4 confirmed) were put back.
+    assert "the state of step 4 was under the utility floor too" in caplog.text
+    assert record.restored_step == 2
+    for name, param in trainer.model.named_parameters():
+        torch.testing.assert_close(param, kept[2][name], rtol=0, atol=0)
 
 
 def test_keep_best_state_restores_the_first_probe_that_met_the_target(tmp_path, memorized_llama_state):

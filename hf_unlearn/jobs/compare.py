@@ -188,7 +188,9 @@ class _EpochEvaluator(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
         began = time.perf_counter()
-        row = self.measure(model)
+        # Without fluency: the time to the region counts what checkpoint selection needs; the final model's fluency
+        # is measured after the clock stops (``finish``).
+        row = self.measure(model, with_fluency=False)
         self.measure_seconds += time.perf_counter() - began
         row.update(epoch=round(state.epoch or 0), step=state.global_step, seconds=time.perf_counter() - self.start)
         self.epochs.append(row)

@@ -232,8 +232,8 @@ class UnlearnConfig(TrainingArguments):
         default=True,
         metadata={
             "help": "When the utility floor stops a run, put back the weights of the last probe above the floor (a "
-            "copy of the trainable parameters is kept in host memory: small for LoRA, one model copy for full "
-            "fine-tuning)."
+            "copy of the trainable parameters is kept in host memory: small for LoRA, up to two model copies for "
+            "full fine-tuning, the last certified state and the candidate a retain screen passed)."
         },
     )
     keep_best_state: bool = field(

@@ -123,6 +123,8 @@ class ProbeState:
         self.calibration_latest: dict[str, float] = {}  # the last calibration measurement's rate and probability
         self.probes_since_calibration = 0
         self.start_retain_probability: float | None = None  # the fixed retain sample's, at the first probe
+        # Whether the last probe's retain reading was the fixed sample at the current weights (else the screen).
+        self.retain_verified = True
         self.latest: dict[str, float] = {}  # the last probe's numbers, for Trainer's next log
         self.seconds = 0.0
         # Seconds per probe set ('train', 'holdout', 'calibration', 'retain'), the split of ``seconds``.
@@ -217,7 +219,10 @@ class ProbeState:
         ]
         return exported
 
-    def restore_running(self, saved: dict[str, list[float]] | None) -> None:
+    def restore_running(self, saved: dict[str, list[float]] | None, sums: bool = True) -> None:
+        """Put back what :meth:`export_running` saved. ``sums=False`` (several processes: the checkpoint holds one
+        process's sums) restores only what every process shares: the never-seen margins, the probes since they
+        were measured and the screen's start value."""
         saved = dict(saved or {})
         forget_margins = saved.pop("forget_margins", None)
         self.running_margins = (
@@ -236,6 +241,9 @@ class ProbeState:
         if probe_state is not None:
             self.probes_since_calibration = int(probe_state[0])
             self.start_retain_probability = None if probe_state[1] != probe_state[1] else probe_state[1]
+        if not sums:
+            self.running_margins, self.running_sums = [], {}
+            return
         self.running_sums = {
             part: torch.tensor(values, dtype=torch.float64, device=self.args.device) for part, values in saved.items()
         }
@@ -293,8 +301,8 @@ class ProbeState:
         if self.probes_since_calibration + 1 >= self.args.calibration_refresh_every:
             return False, None
         stop_probe = self.args.stop_probe
-        if stop_probe not in forget_margins:
-            return True, None
+        if stop_probe not in forget_margins:  # no forget margins to compare (no batch since the last probe)
+            return False, None
         stale_gap = calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
         return stale_gap > self.args.calibration_slack + margin, stale_gap
 
@@ -351,8 +359,12 @@ class ProbeState:
             forget_margins[name] = margins["margins"]
             if name == "train":
                 train_examples = len(margins["fractions"])
+        # What to measure with a forward pass is decided before any of them, on rank 0's numbers: a sharded model's
+        # forward is a collective that every process must enter.
+        stale, stale_gap = self._calibration_is_stale(forget_margins) if self.sets.calibration else (False, None)
+        reading, source = self._retain_reading(running) if self.sets.retain else (None, "sample")
+        stale, stale_gap, reading, source = self._agree_across_processes((stale, stale_gap, reading, source))
         if self.sets.calibration:
-            stale, stale_gap = self._calibration_is_stale(forget_margins)
             if stale:
                 self.probes_since_calibration += 1
                 measured.update(self.calibration_latest)
@@ -369,20 +381,21 @@ class ProbeState:
         measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]
         measured["num_examples"] = train_examples if stop_probe == "train" else len(self.sets.holdout)
         if self.sets.retain:
-            reading, source = self._retain_reading(running)
             if reading is None:
                 reading = timed("retain", self.sets.retain)["probabilities"].mean().item()
-                if self.start_retain_probability is None:
-                    self.start_retain_probability = reading
             measured["retain_probability"] = reading
             measured["retain_probability_measured"] = float(source == "sample")
         measured = self._agree_across_processes(measured)
+        self.retain_verified = measured.get("retain_probability_measured", 1.0) == 1.0
+        if self.start_retain_probability is None and self.sets.retain:
+            self.start_retain_probability = measured["retain_probability"]  # rank 0's, like every decision
         self.latest.update({key: value for key, value in measured.items() if key != "num_examples"})
         self.seconds += time.perf_counter() - start
         return measured
 
-    def _agree_across_processes(self, measured: dict[str, float]) -> dict[str, float]:
-        """Every process probes the same examples; take rank 0's numbers so all stop at the same step."""
+    def _agree_across_processes(self, measured: Any) -> Any:
+        """Every process probes the same examples; take rank 0's numbers (or decisions) so that all run the same
+        forward passes and stop at the same step."""
         if self.accelerator.num_processes == 1:
             return measured
         from accelerate.utils import broadcast_object_list
@@ -423,13 +436,44 @@ class ProbeState:
         self.restored_step = step
         logger.warning(f"UnlearnTrainer: restored the weights of step {step} ({name.replace('_', ' ')} state).")
 
+    def keep_good_state(self, step: int) -> None:
+        """The utility floor's fallback, called at every probe that passed it: the weights to put back if a later
+        probe falls through. A pass read on the fixed sample certifies the current weights. A pass read on the
+        screen does not (its batches ran at the weights *before* each update, so an update that broke the model
+        just before this probe is not in it): the current weights become a candidate, promoted at the next probe
+        whose reading passes, when the screen's batches include a forward at exactly those weights."""
+        if self.retain_verified:
+            self.snapshots.pop("candidate", None)
+            self.snapshot("last_good", step)
+            return
+        if "candidate" in self.snapshots:
+            self.snapshots["last_good"] = self.snapshots.pop("candidate")
+        self.snapshot("candidate", step)
+
+    def restore_after_failure(self, step: int) -> None:
+        """The floor fell through: put back the candidate state if the fixed retain sample, measured at its
+        weights now, is above the floor (one forward pass, only at a failure); else the last certified state."""
+        floor = (self.args.utility_floor or 0.0) * (self.start_retain_probability or 0.0)
+        if "candidate" in self.snapshots and self.sets.retain:
+            self.restore("candidate")
+            began = time.perf_counter()
+            reading = self.measure_margins(self.sets.retain)["probabilities"].mean().item()
+            self.seconds_by_set["retain"] = self.seconds_by_set.get("retain", 0.0) + time.perf_counter() - began
+            if self._agree_across_processes(reading) >= floor:
+                return
+            logger.warning(
+                f"UnlearnTrainer: the state of step {self.restored_step} was under the utility floor too "
+                f"(retain answer probability {reading:.4g} < {floor:.4g}); going back further."
+            )
+        self.restore("last_good")
+
     def bind(self, callback: Any, guard: bool, keep_best: bool) -> None:
         """Give the stopping callback its probe and the states to keep (``guard``: the utility floor restores the
         last good state; ``keep_best``: the first state that met the target)."""
         callback.bind(
             self.probe,
-            on_good_state=(lambda step: self.snapshot("last_good", step)) if guard else None,
+            on_good_state=self.keep_good_state if guard else None,
             on_target=(lambda step: self.snapshot("best", step)) if keep_best else None,
-            on_failure=(lambda step: self.restore("last_good")) if guard else None,
+            on_failure=self.restore_after_failure if guard else None,
             export_running=self.export_running,
         )

@@ -693,9 +693,11 @@ class UnlearnTrainer(Trainer):
             if isinstance(callback, ViolationStoppingCallback):
                 self._bind_stopping_callback(callback)
                 self.stopping_callback = callback
-                # One process's sums are in the checkpoint; with several, the next probe counts from the resume.
-                saved = callback.running_sums if self.accelerator.num_processes == 1 else None
-                self.probes.restore_running(saved)
+                # One process's sums are in the checkpoint; with several, the next probe counts from the resume (the
+                # never-seen margins and the screen's start value are the same on every process and carry over).
+                self.probes.restore_running(callback.running_sums, sums=self.accelerator.num_processes == 1)
+                if self.probes.start_retain_probability is None:  # a checkpoint from before the retain screen
+                    self.probes.start_retain_probability = callback.start_retain_probability
 
 
 __all__ = ["UnlearnTrainer", "is_peft_model"]
