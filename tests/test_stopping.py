@@ -10,7 +10,7 @@ from conftest import forget_set, hand_answer_probability, make_example, make_tin
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data.pairing import pad_examples
-from hf_unlearn.objectives.margin import measure_violations
+from hf_unlearn.objectives.margin import calibration_gap, measure_violations
 
 FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
@@ -28,12 +28,32 @@ def fresh(state):
     return model
 
 
-def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path, memorized_llama_state):
+@pytest.mark.parametrize("reference", ["start", "current"])
+def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path, memorized_llama_state, reference):
     trainer = UnlearnTrainer(
-        fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN, calibration_dataset=NEVER_SEEN
+        fresh(memorized_llama_state),
+        config(tmp_path, calibration_reference=reference),
+        FORGET,
+        RETAIN,
+        calibration_dataset=NEVER_SEEN,
     )
     # 'auto' with calibration data: the calibrated stop, and the hinge's thresholds from the never-seen margins.
     assert trainer.args.stop_target == "calibration" and trainer.args.masc_threshold == "calibration"
+    start_margins = {}
+    original = trainer.probes.measure_margins
+
+    def measure_margins(examples, *args, **kwargs):
+        measured = original(examples, *args, **kwargs)
+        if examples is trainer.probes.sets.calibration and not start_margins:
+            start_margins.update(measured)
+        return measured
+
+    trainer.probes.measure_margins = measure_margins
+    forget_margins = []
+    stale_check = trainer.probes._calibration_is_stale
+    trainer.probes._calibration_is_stale = lambda margins: (
+        forget_margins.append(margins["train"]) or stale_check(margins)
+    )
     trainer.train()
     record = trainer.record
     assert record.stop_kind == "target" and record.stopped_early
@@ -41,10 +61,16 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path,
     assert history[0]["calibration_gap"] > 2.0  # memorised: far more familiar than never-seen examples
     assert history[-1]["calibration_gap"] <= 0.5 == history[-1]["stop_threshold"]
     assert all(h["calibration_gap"] > 0.5 for h in history[1:-1])  # the first probe under the slack stopped it
-    # The never-seen margins are measured again only near the stop, and always at the probe that stops: the decisive
-    # gap is against margins of the same weights; far from it the last measured ones serve (no forward pass).
-    assert history[-1]["calibration_measured"] == 1.0
-    assert any(h["calibration_measured"] == 0.0 for h in history[1:-1])
+    if reference == "start":
+        # Measured once, before unlearning; every later probe's gap is against those margins, by hand.
+        assert [h["calibration_measured"] for h in history] == [1.0] + [0.0] * (len(history) - 1)
+        by_hand = [calibration_gap(m, start_margins["margins"].sort().values) for m in forget_margins[1:]]
+        assert [h["calibration_gap"] for h in history[1:]] == pytest.approx(by_hand, rel=1e-6)
+    else:
+        # Measured again only near the stop, and always at the probe that stops: the decisive gap is against
+        # margins of the same weights; far from it the last measured ones serve (no forward pass).
+        assert history[-1]["calibration_measured"] == 1.0
+        assert any(h["calibration_measured"] == 0.0 for h in history[1:-1])
     assert "calibration gap" in record.stop_reason and "never-seen" in record.stop_reason
     assert record.calibration_dataset == {"name": None, "num_examples": 8}
     assert record.hyperparameters["stop_target"] == "calibration"
@@ -257,12 +283,18 @@ def test_the_retain_screen_falls_back_to_the_fixed_sample_under_twice_the_floor(
     assert 1 - measured["retain_probability"] == pytest.approx(1 - by_hand, rel=1e-3)
 
 
-@pytest.mark.parametrize("lazy", [True, False], ids=["screened", "every_probe"])
-def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state, lazy):
-    """Per probe: no forward over the fixed forget sample; with the defaults (retain screen, calibration refreshed
-    near the stop or every 4 probes) none over the retain and calibration samples either, far from the stop."""
+@pytest.mark.parametrize("mode", ["start", "current", "every_probe"])
+def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state, mode):
+    """Per probe: no forward over the fixed forget sample; with the retain screen none over the retain sample
+    either, and the never-seen margins measured once ('start') or near the stop and every 4 probes ('current')."""
     forwards = {}
-    extra = {} if lazy else dict(retain_probe="every_probe", calibration_refresh_margin=None)
+    extra = {
+        "start": {},
+        "current": dict(calibration_reference="current"),
+        "every_probe": dict(
+            calibration_reference="current", retain_probe="every_probe", calibration_refresh_margin=None
+        ),
+    }[mode]
     for running in (True, False):
         trainer = UnlearnTrainer(
             fresh(memorized_llama_state),
@@ -277,15 +309,13 @@ def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state,
         forwards[running] = len(calls)
     # Both: 8 steps x 2 parts, the final bound, the step-0 probe (nothing trained yet: train sample, two batches
     # of the 16-example retain sample, calibration). Then at steps 2, 4, 6, 8: every probe, the retain sample and
-    # the calibration set (3 forwards each); screened, only step 8's calibration refresh (the 4th probe since the
-    # last: the memorised forget set is far from the stop). Forward mode also runs the 8-example train sample at
-    # those four probes; screened, it has no running retain reading either, so the retain sample runs each time.
-    if lazy:
-        assert forwards[True] == 8 * 2 + 1 + 4 + 1
-        assert forwards[False] - forwards[True] == 4 + 4 * 2
-    else:
-        assert forwards[True] == 8 * 2 + 1 + 4 + 4 * 3
-        assert forwards[False] - forwards[True] == 4
+    # the calibration set (3 forwards each); 'current', only step 8's calibration refresh (the 4th probe since the
+    # last: the memorised forget set is far from the stop); 'start', none. Forward mode also runs the 8-example
+    # train sample at those four probes, and without running sums it has no retain screen: the retain sample runs
+    # each time.
+    probes_after_start = {"start": 0, "current": 1, "every_probe": 4 * 3}[mode]
+    assert forwards[True] == 8 * 2 + 1 + 4 + probes_after_start
+    assert forwards[False] - forwards[True] == 4 + (0 if mode == "every_probe" else 4 * 2)
 
 
 def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):

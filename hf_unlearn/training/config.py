@@ -51,6 +51,7 @@ FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 RETAIN_PROBES = ("screen", "every_probe")
+CALIBRATION_REFERENCES = ("start", "current")
 
 
 def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
@@ -120,8 +121,8 @@ class UnlearnConfig(TrainingArguments):
       `masc_threshold`, `competitor_source`, `competitor_delta`.
     > Parameters that control the stopping rule (§3, and the calibrated target): `stop_on_violation`,
       `stop_target`, `stop_alpha`, `calibration_slack`, `probe_interval`, `stop_probe`, `holdout_fraction`,
-      `probe_size`, `hoeffding`, `hoeffding_delta`, `running_probe`, `retain_probe`, `calibration_refresh_margin`,
-      `calibration_refresh_every`, `self_stop_max_steps`.
+      `probe_size`, `hoeffding`, `hoeffding_delta`, `running_probe`, `retain_probe`, `calibration_reference`,
+      `calibration_refresh_margin`, `calibration_refresh_every`, `self_stop_max_steps`.
     > Parameters that guard the retain side: `utility_floor`, `restore_on_failure`, `keep_best_state`.
     > Parameters of continuation scoring (long forget texts, MASC's MUSE setting): `forget_scoring`,
       `continuation_cut_min_ratio`, `continuation_cut_max_ratio`, `continuation_min_prefix_tokens`,
@@ -261,10 +262,21 @@ class UnlearnConfig(TrainingArguments):
             "of probe_size retain examples each time)."
         },
     )
+    calibration_reference: str = field(
+        default="start",
+        metadata={
+            "help": "Calibrated target and threshold: which never-seen (calibration) margins the forget margins are "
+            "compared with. 'start': measured once, under the model before unlearning, i.e. what a model that never "
+            "saw the forget data gives data of that kind (no probe cost after the start). 'current': re-measured "
+            "under the model being trained (near the stop and every calibration_refresh_every probes): it follows "
+            "the model, including the damage unlearning does to similar never-seen data, and the stop chases it "
+            "(measured on TOFU with SmolLM2: the never-seen violation rate fell 0.53 -> 0.36 during one run)."
+        },
+    )
     calibration_refresh_margin: float | None = field(
         default=1.0,
         metadata={
-            "help": "Calibrated target: re-measure the never-seen (calibration) margins at a probe only when the "
+            "help": "calibration_reference='current': re-measure the never-seen margins at a probe only when the "
             "calibration gap against the last ones measured is within this many logits of calibration_slack, or "
             "when calibration_refresh_every probes have passed; a stop therefore always compares with fresh "
             "margins. None: re-measure at every probe (an extra forward pass of probe_size calibration examples "
@@ -273,7 +285,7 @@ class UnlearnConfig(TrainingArguments):
     )
     calibration_refresh_every: int = field(
         default=4,
-        metadata={"help": "Calibrated target: re-measure the never-seen margins at least every this many probes."},
+        metadata={"help": "calibration_reference='current': re-measure the never-seen margins at least this often."},
     )
     self_stop_max_steps: int = field(
         default=500,
@@ -531,6 +543,10 @@ class UnlearnConfig(TrainingArguments):
             raise ValueError(f"masc_eta must be positive, got {self.masc_eta}.")
         if not 0.0 <= self.stop_alpha <= 1.0:
             raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {self.stop_alpha}.")
+        if self.calibration_reference not in CALIBRATION_REFERENCES:
+            raise ValueError(
+                f"calibration_reference must be one of {CALIBRATION_REFERENCES}, got {self.calibration_reference!r}."
+            )
         if self.retain_probe not in RETAIN_PROBES:
             raise ValueError(f"retain_probe must be one of {RETAIN_PROBES}, got {self.retain_probe!r}.")
         if self.calibration_refresh_margin is not None and self.calibration_refresh_margin < 0:

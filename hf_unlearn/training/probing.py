@@ -290,17 +290,24 @@ class ProbeState:
     def _calibration_is_stale(self, forget_margins: Mapping[str, torch.Tensor]) -> tuple[bool, float | None]:
         """Whether this probe can keep the never-seen margins last measured, and the gap against them.
 
-        They are re-measured when ``calibration_refresh_margin`` is None, when ``calibration_refresh_every`` probes
-        have passed, or when the gap against them is within ``calibration_refresh_margin`` of the stop's slack: a
-        stop (gap <= slack) is therefore always decided on margins measured at the same probe. Between refreshes the
-        never-seen margins move little (the model never trains on them) while the forget margins fall; the saving
-        is one forward pass over the calibration sample per probe."""
+        ``calibration_reference='start'``: always (they were measured once, before unlearning). ``'current'``: they
+        are re-measured when ``calibration_refresh_margin`` is None, when ``calibration_refresh_every`` probes have
+        passed, or when the gap against them is within ``calibration_refresh_margin`` of the stop's slack, so a stop
+        (gap <= slack) is always decided on margins measured at the same probe. The saving is one forward pass over
+        the calibration sample per probe."""
         margin = self.args.calibration_refresh_margin
-        if self.calibration_margins is None or margin is None:
+        if self.calibration_margins is None:
             return False, None
-        if self.probes_since_calibration + 1 >= self.args.calibration_refresh_every:
+        start_reference = self.args.calibration_reference == "start"
+        if not start_reference and margin is None:
             return False, None
         stop_probe = self.args.stop_probe
+        if start_reference:  # the margins of the start are the reference for the whole run
+            if stop_probe not in forget_margins:
+                return True, None
+            return True, calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
+        if self.probes_since_calibration + 1 >= self.args.calibration_refresh_every:
+            return False, None
         if stop_probe not in forget_margins:  # no forget margins to compare (no batch since the last probe)
             return False, None
         stale_gap = calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
@@ -368,7 +375,8 @@ class ProbeState:
             if stale:
                 self.probes_since_calibration += 1
                 measured.update(self.calibration_latest)
-                measured["calibration_gap"] = stale_gap
+                if stale_gap is not None:
+                    measured["calibration_gap"] = stale_gap
             else:
                 calibration = self._measure_calibration()
                 measured.update(self.calibration_latest)

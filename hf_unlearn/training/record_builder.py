@@ -40,6 +40,7 @@ STOPPING_HYPERPARAMETERS = (
     "hoeffding_delta",
     "running_probe",
     "retain_probe",
+    "calibration_reference",
     "calibration_refresh_margin",
     "calibration_refresh_every",
 )
