@@ -9,7 +9,8 @@ from .objectives.registry import (
     register_retain_objective,
 )
 from .training.callbacks import ViolationStoppingCallback
-from .training.config import METHODS, UnlearnConfig
+from .training.choices import METHODS
+from .training.config import UnlearnConfig
 from .training.record import UnlearnRecord
 from .training.trainer import UnlearnTrainer
 

@@ -14,7 +14,7 @@ from .callbacks import (
     ViolationStoppingCallback,
     report_progress_in,
 )
-from .config import (
+from .choices import (
     DEFAULT_FORGET_WEIGHTS,
     DEFAULT_REFUSALS,
     DEFAULT_RETAIN_WEIGHTS,
@@ -22,10 +22,9 @@ from .config import (
     MASC_THRESHOLDS,
     STOP_PROBES,
     STOP_TARGETS,
-    UnlearnConfig,
-    resolved_for_data,
     sharded_surgery_error,
 )
+from .config import UnlearnConfig, resolved_for_data
 from .ledger import (
     LEDGER_FILE,
     forget_set_fingerprint,

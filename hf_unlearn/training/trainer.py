@@ -40,7 +40,8 @@ from .callbacks import (
     ViolationStoppingCallback,
     advance_objective_states,
 )
-from .config import UnlearnConfig, resolved_for_data, sharded_surgery_error
+from .choices import sharded_surgery_error
+from .config import UnlearnConfig, resolved_for_data
 from .ledger import forget_set_fingerprint, full_ledger, load_ledger, loaded_from, save_ledger
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
