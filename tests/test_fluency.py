@@ -53,6 +53,11 @@ def test_fluent_like_compares_with_the_never_trained_level():
     assert not fluent_like({"repetitive_share": 0.5, "empty_share": 0.0, "reference_nll": 2.0}, never)
     assert not fluent_like({"repetitive_share": 0.0, "empty_share": 0.3, "reference_nll": 2.0}, never)
     assert not fluent_like({"repetitive_share": 0.0, "empty_share": 0.0, "reference_nll": 3.0}, never)
+    # The NLL level of fluent answers the never-trained model did not write itself (its own greedy answers score
+    # far lower under it): within 0.5 of it passes, past it fails, and the never-trained shares still apply.
+    assert fluent_like({"repetitive_share": 0.0, "empty_share": 0.0, "reference_nll": 3.0}, never, fluent_nll=2.87)
+    assert not fluent_like({"repetitive_share": 0.0, "empty_share": 0.0, "reference_nll": 3.4}, never, fluent_nll=2.87)
+    assert not fluent_like({"repetitive_share": 0.4, "empty_share": 0.0, "reference_nll": 2.9}, never, fluent_nll=2.87)
 
 
 def test_answer_fluency_reads_the_answers_evaluate_qa_generated():

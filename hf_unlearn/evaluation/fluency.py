@@ -10,8 +10,9 @@ low), so the forget answers are also measured for fluency, two ways:
   empty answers. A fluent sentence repeats no 3-gram; "190 190 190 190" has distinct-3 = 1/2.
 * **Likelihood under the never-trained model** (the garbled kind): the mean token negative log-likelihood of each
   generated answer, given its question, under the retain-only model (the model that never saw the forget data;
-  MUSE's and TOFU's reference). The never-trained model's own greedy answers set the level a fluent answer reaches;
-  garbled sentences ("born to father and so on ...") score far above it.
+  MUSE's and TOFU's reference). Fluent answers it did not write itself (the target model's, before unlearning)
+  set the level a fluent answer reaches; its own greedy answers score far lower under it (0.19 against 2.87
+  nats/token on TOFU with SmolLM2), and garbled sentences ("born to father and so on ...") far higher.
 """
 
 from __future__ import annotations
@@ -102,17 +103,29 @@ def answer_fluency(
     return measured
 
 
-def fluent_like(measured: Mapping[str, Any], never_trained: Mapping[str, Any], nll_tolerance: float = 0.5) -> bool:
+def fluent_like(
+    measured: Mapping[str, Any],
+    never_trained: Mapping[str, Any],
+    nll_tolerance: float = 0.5,
+    fluent_nll: float | None = None,
+) -> bool:
     """True when answers are no more repetitive or empty than the never-trained model's (+ 0.1) and their likelihood
-    under it is within ``nll_tolerance`` nats per token of its own answers'."""
+    under it is within ``nll_tolerance`` nats per token of ``fluent_nll``: the level of fluent answers the
+    never-trained model did not write itself, e.g. the target model's answers before unlearning. Its own greedy
+    answers are no such level (measured on TOFU with SmolLM2: 0.19 nats/token for its own answers, 2.87 for the
+    target's fluent ones); they are the fallback when ``fluent_nll`` is not given."""
+    level_nll = never_trained.get("reference_nll") if fluent_nll is None else fluent_nll
 
-    def worse(key: str, slack: float) -> bool:
-        value, level = measured.get(key), never_trained.get(key)
+    def worse(value: Any, level: Any, slack: float) -> bool:
         if value is None or level is None or math.isnan(value) or math.isnan(level):
             return False
         return value > level + slack
 
-    return not (worse("repetitive_share", 0.1) or worse("empty_share", 0.1) or worse("reference_nll", nll_tolerance))
+    return not (
+        worse(measured.get("repetitive_share"), never_trained.get("repetitive_share"), 0.1)
+        or worse(measured.get("empty_share"), never_trained.get("empty_share"), 0.1)
+        or worse(measured.get("reference_nll"), level_nll, nll_tolerance)
+    )
 
 
 __all__ = ["DEGENERATE_DISTINCT_3", "answer_fluency", "distinct_3", "fluent_like", "reference_nll", "repetition"]

@@ -396,7 +396,11 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
                 model, tokenizer, setting.forget_records, reference_model=setting.reference_model
             )
         if fluency:
-            extra["fluent"] = fluent_like(row["forget"]["fluency"], never_trained["forget"]["fluency"])
+            # the NLL level of fluent answers the never-trained model did not write: the target's, before unlearning
+            extra["fluent"] = fluent_like(
+                row["forget"]["fluency"], never_trained["forget"]["fluency"],
+                fluent_nll=before["forget"]["fluency"].get("reference_nll"),
+            )  # fmt: skip
         if lm_eval is not None:
             extra["lm_eval"] = lm_eval(model, tokenizer)
         if cli.quantization_check:
