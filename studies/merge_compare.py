@@ -14,6 +14,7 @@ import argparse
 import json
 import math
 
+from hf_unlearn.evaluation.fluency import fluent_like
 from hf_unlearn.jobs.compare_report import compare_table, write_compare
 
 REGION_KEYS = (
@@ -42,7 +43,23 @@ def merge(parts: list[dict]) -> dict:
     merged["methods"] = {name: merged["methods"][name] for name in order}
     merged["runs"] = {name: merged["runs"][name] for name in order}
     merged["learning_rates"] = sorted({lr for part in parts for lr in part["learning_rates"]})
+    rejudge_fluency(merged)
     return merged
+
+
+def rejudge_fluency(result: dict) -> None:
+    """`fluent` by the current rule (the NLL level of the target's answers), for parts written before it."""
+    region = result["region"]
+    never = region["never_trained"]["forget"].get("fluency")
+    level = region["before"]["forget"].get("fluency", {}).get("reference_nll")
+    if never is None:
+        return
+    for runs in result["runs"].values():
+        for run in runs:
+            final = run["epochs"][-1]["forget"] if "epochs" in run else run["forget"]
+            fluency = final.get("fluency") or run["forget"].get("fluency")
+            if fluency:
+                run["fluent"] = fluent_like(fluency, never, fluent_nll=level)
 
 
 def probe_history_table(result: dict) -> str:

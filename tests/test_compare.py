@@ -116,3 +116,23 @@ def test_table_of_baselines_alone_leaves_the_masc_columns_empty():
     with_masc = {"masc": {**summary, "landed": 1, "time_to_region_seconds": 15.0, "single_run_seconds": 15.0}}
     ratio_row = compare_table({"region": REGION, "methods": {**with_masc, "npo_klr": summary}}).splitlines()[3]
     assert ratio_row.endswith("| 2.0x | 1/4.0 |")
+
+
+def test_masc_overrides_are_typed_by_the_config_fields_and_checked_before_any_work(tmp_path, capsys):
+    from hf_unlearn.jobs.compare import parse_overrides
+
+    items = ["retain_weight=3", "calibration_reference=current", "hoeffding=true", "utility_floor=none"]
+    parsed = parse_overrides(items)
+    expected = {"retain_weight": 3.0, "calibration_reference": "current", "hoeffding": True, "utility_floor": None}
+    assert parsed == expected
+    assert isinstance(parsed["retain_weight"], float)
+    assert parse_overrides(["probe_interval=2"]) == {"probe_interval": 2} and parse_overrides(None) == {}
+    with pytest.raises(ValueError, match="'retain_weigth=3' is not one"):
+        parse_overrides(["retain_weigth=3"])
+    with pytest.raises(ValueError, match="probe_interval takes a number, got 'two'"):
+        parse_overrides(["probe_interval=two"])
+    # A value UnlearnConfig refuses stops the command before the target is learned or measured (seconds, not the
+    # minutes of learning the embedded target: nothing is written).
+    status = main(["compare", "--masc_overrides", "calibration_reference=later", "--output_dir", str(tmp_path / "c")])
+    assert status == 1 and "calibration_reference must be one of" in capsys.readouterr().err
+    assert not (tmp_path / "c" / "compare_partial.json").exists()

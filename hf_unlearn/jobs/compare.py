@@ -137,6 +137,13 @@ class CompareArguments:
     masc_max_steps: int | None = field(
         default=None, metadata={"help": "MASC runs' step budget, self_stop_max_steps (default: UnlearnConfig's)."}
     )
+    masc_overrides: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "More UnlearnConfig settings of the MASC runs, as key=value (e.g. retain_weight=3 "
+            "calibration_slack=1.0): a variant of MASC raced like the defaults. An unknown key is an error."
+        },
+    )
     masc_probe_size: int | None = field(
         default=None, metadata={"help": "MASC runs' probe_size (default: UnlearnConfig's)."}
     )
@@ -194,6 +201,36 @@ class _EpochEvaluator(TrainerCallback):
         self.measure_seconds += time.perf_counter() - began
         row.update(epoch=round(state.epoch or 0), step=state.global_step, seconds=time.perf_counter() - self.start)
         self.epochs.append(row)
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``["retain_weight=3", "calibration_reference=current"]`` -> UnlearnConfig keyword arguments, each value
+    typed by its field (``none`` for an optional field's None); a key that is not a field is an error naming it."""
+    import dataclasses
+    import typing
+
+    fields = {f.name: f for f in dataclasses.fields(UnlearnConfig)}
+    hints = typing.get_type_hints(UnlearnConfig)
+    parsed: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or key not in fields:
+            raise ValueError(f"--masc_overrides takes UnlearnConfig key=value pairs; {item!r} is not one.")
+        kinds = [k for k in typing.get_args(hints[key]) or (hints[key],) if k is not type(None)]
+        if text.lower() == "none" and type(None) in typing.get_args(hints[key]):
+            parsed[key] = None
+        elif kinds[0] is bool:
+            if text.lower() not in ("true", "false"):
+                raise ValueError(f"--masc_overrides {key} takes true or false, got {text!r}.")
+            parsed[key] = text.lower() == "true"
+        elif kinds[0] in (int, float):
+            try:
+                parsed[key] = kinds[0](text)
+            except ValueError:
+                raise ValueError(f"--masc_overrides {key} takes a number, got {text!r}.") from None
+        else:
+            parsed[key] = text
+    return parsed
 
 
 def in_region(row: dict, region: dict) -> bool:
@@ -379,13 +416,16 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
         per_device_train_batch_size=cli.per_device_train_batch_size,
     )
     masc_options = {
-        key: value
-        for key, value in (
-            ("probe_interval", cli.masc_probe_interval),
-            ("probe_size", cli.masc_probe_size),
-            ("self_stop_max_steps", cli.masc_max_steps),
-        )
-        if value is not None
+        **parse_overrides(cli.masc_overrides),
+        **{
+            key: value
+            for key, value in (
+                ("probe_interval", cli.masc_probe_interval),
+                ("probe_size", cli.masc_probe_size),
+                ("self_stop_max_steps", cli.masc_max_steps),
+            )
+            if value is not None
+        },
     }
 
     def finish(model: Any, row: dict) -> dict:
@@ -535,6 +575,7 @@ __all__ = [
     "CompareArguments",
     "CompareSetting",
     "in_region",
+    "parse_overrides",
     "race",
     "summarize_runs",
 ]

@@ -22,7 +22,8 @@ from ..data.examples import build_qa_dataset
 from ..data.loaders import load_tofu_folder
 from ..evaluation.metrics import truth_ratios
 from ..training.adapters import lora_config
-from .compare import CompareArguments, CompareSetting, lm_eval_scorer, race
+from ..training.config import UnlearnConfig
+from .compare import CompareArguments, CompareSetting, lm_eval_scorer, parse_overrides, race
 
 #: The LoRA rank of TOFU unlearning runs unless --lora_r says otherwise (the library's default rank).
 TOFU_UNLEARNING_LORA_R = 16
@@ -89,6 +90,8 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
 def run_compare(cli: CompareArguments) -> dict:
     """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
     lm_eval = lm_eval_scorer(cli)  # before any work: a missing extra or an unknown task stops here
+    # and so does a MASC override that UnlearnConfig refuses (an unknown key, a value out of range)
+    UnlearnConfig(output_dir=cli.output_dir, method="masc", report_to="none", **parse_overrides(cli.masc_overrides))
     if cli.benchmark == "tofu":
         setting = tofu_setting(cli)
     elif cli.benchmark == "embedded":
