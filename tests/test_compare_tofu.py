@@ -72,6 +72,9 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
         assert key in result["methods"]["masc"] and key in result["methods"]["graddiff"]
     (masc,) = result["runs"]["masc"]
     assert masc["steps"] <= 3 and isinstance(masc["fluent"], bool) and 0 <= masc["probe_seconds"] <= masc["seconds"]
+    # where the stop fired, kept with the run: one row per probe, from the start
+    assert masc["probe_history"][0]["step"] == 0 and "calibration_gap" in masc["probe_history"][-1]
+    assert masc["stop_reason"]
     (baseline,) = result["runs"]["graddiff"]
     assert len(baseline["epochs"]) == 1 and baseline["landed_at_end"] == in_region(baseline["epochs"][-1], region)
     assert "real_knowledge" in baseline["epochs"][-1] and "fluency" in baseline["epochs"][-1]["forget"]
