@@ -196,6 +196,15 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return log_probs * mask, mask
 
 
+def answer_probabilities(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example of a batch: TOFU's answer probability exp(mean answer-token log-probability), 0 where nothing is
+    scored, and 1.0 / 0.0 for whether anything is."""
+    log_probs, mask = token_log_probs(logits.detach(), labels)
+    lengths = mask.sum(-1)
+    scored = (lengths > 0).float()
+    return torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored, scored
+
+
 def accepts_logits_to_keep(model: Any) -> bool:
     """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
     import inspect
@@ -259,8 +268,7 @@ def measure_violations(
             result = restricted_margin(shifted, labels, k=k, beta=beta, teacher_logits=teacher, delta=delta)
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
-            log_probs, mask = token_log_probs(logits, answer_labels)
-            probabilities.append(torch.exp(log_probs.sum(-1) / mask.sum(-1).clamp(min=1)).cpu())
+            probabilities.append(answer_probabilities(logits, answer_labels)[0].cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())
     finally:

@@ -8,6 +8,7 @@ violation is."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,12 +20,12 @@ from transformers.utils import logging
 
 from ..data.pairing import model_inputs
 from ..objectives.margin import (
+    answer_probabilities,
     calibration_gap,
     exact_reproduction_bound,
     measure_violations,
     restricted_margin,
     shift_for_causal_lm,
-    token_log_probs,
     violation_fractions,
 )
 
@@ -139,14 +140,12 @@ class ProbeState:
         """Per-example statistics of a forget batch from its own logits, summed on the device until the next probe:
         [violation fraction, answer probability, examples] (and the token margins, for the calibrated target). They
         are what a probe would measure on these examples in eval mode (no dropout: checked at construction), at the
-        weights of the step that trained on them. The retain side is not measured this way: the utility floor needs
-        the current weights and more than one batch (measured: the running retain probability lags an update behind
-        and swings 0.41-0.88 between 4-example windows where a fixed 64-example sample reads 0.48-0.82)."""
+        weights of the step that trained on them. The retain batches only screen the utility floor
+        (:meth:`accumulate_retain`): it needs the current weights and more than one batch to decide (measured: the
+        running retain probability lags an update behind and swings 0.41-0.88 between 4-example windows where a
+        fixed 64-example sample reads 0.48-0.82)."""
         logits = logits.detach()
-        log_probs, mask = token_log_probs(logits, labels)
-        lengths = mask.sum(-1)
-        scored = (lengths > 0).float()
-        probabilities = torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored
+        probabilities, scored = answer_probabilities(logits, labels)
         shifted, shifted_labels = shift_for_causal_lm(logits, labels)
         teacher = None
         if self.args.competitor_source == "teacher":
@@ -170,10 +169,7 @@ class ProbeState:
         """[answer probability, examples] of a retain batch from its own training forward, summed on the device:
         the utility floor's screen (``retain_probe='screen'``). It lags an update behind and is noisier than the
         fixed sample (see :meth:`accumulate`), which is why it only decides when the fixed sample is measured."""
-        log_probs, mask = token_log_probs(logits.detach(), labels)
-        lengths = mask.sum(-1)
-        scored = (lengths > 0).float()
-        probabilities = torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored
+        probabilities, scored = answer_probabilities(logits, labels)
         stats = torch.stack([probabilities.sum(), scored.sum()]).double()
         self.running_sums["retain"] = self.running_sums["retain"] + stats if "retain" in self.running_sums else stats
 
@@ -240,7 +236,7 @@ class ProbeState:
         probe_state = saved.pop("probe_state", None)
         if probe_state is not None:
             self.probes_since_calibration = int(probe_state[0])
-            self.start_retain_probability = None if probe_state[1] != probe_state[1] else probe_state[1]
+            self.start_retain_probability = None if math.isnan(probe_state[1]) else probe_state[1]
         if not sums:
             self.running_margins, self.running_sums = [], {}
             return
@@ -275,16 +271,21 @@ class ProbeState:
             self._measure_calibration()
         return self.calibration_margins
 
-    def _measure_calibration(self) -> dict[str, torch.Tensor]:
+    def _timed(self, name: str, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """:meth:`measure_margins` of one probe set, its seconds added to ``seconds_by_set[name]``."""
         began = time.perf_counter()
-        calibration = self.measure_margins(self.sets.calibration)
+        result = self.measure_margins(examples)
+        self.seconds_by_set[name] = self.seconds_by_set.get(name, 0.0) + time.perf_counter() - began
+        return result
+
+    def _measure_calibration(self) -> dict[str, torch.Tensor]:
+        calibration = self._timed("calibration", self.sets.calibration)
         self.calibration_margins = calibration["margins"].sort().values.to(self.args.device)
         self.calibration_latest = {
             "violation_rate_calibration": calibration["fractions"].mean().item(),
             "calibration_probability": calibration["probabilities"].mean().item(),
         }
         self.probes_since_calibration = 0
-        self.seconds_by_set["calibration"] = self.seconds_by_set.get("calibration", 0.0) + time.perf_counter() - began
         return calibration
 
     def _calibration_is_stale(self, forget_margins: Mapping[str, torch.Tensor]) -> tuple[bool, float | None]:
@@ -295,23 +296,18 @@ class ProbeState:
         passed, or when the gap against them is within ``calibration_refresh_margin`` of the stop's slack, so a stop
         (gap <= slack) is always decided on margins measured at the same probe. The saving is one forward pass over
         the calibration sample per probe."""
-        margin = self.args.calibration_refresh_margin
         if self.calibration_margins is None:
             return False, None
         start_reference = self.args.calibration_reference == "start"
-        if not start_reference and margin is None:
+        margin = self.args.calibration_refresh_margin
+        due = margin is None or self.probes_since_calibration + 1 >= self.args.calibration_refresh_every
+        if not start_reference and due:
             return False, None
         stop_probe = self.args.stop_probe
-        if start_reference:  # the margins of the start are the reference for the whole run
-            if stop_probe not in forget_margins:
-                return True, None
-            return True, calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
-        if self.probes_since_calibration + 1 >= self.args.calibration_refresh_every:
-            return False, None
         if stop_probe not in forget_margins:  # no forget margins to compare (no batch since the last probe)
-            return False, None
-        stale_gap = calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
-        return stale_gap > self.args.calibration_slack + margin, stale_gap
+            return start_reference, None
+        gap = calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
+        return (True, gap) if start_reference else (gap > self.args.calibration_slack + margin, gap)
 
     def _retain_reading(self, running: Mapping[str, torch.Tensor]) -> tuple[float | None, str]:
         """The retain answer probability the utility floor reads at this probe, and where it came from: the retain
@@ -351,16 +347,10 @@ class ProbeState:
             if "forget_margins" in running:
                 forget_margins["train"] = running["forget_margins"]
 
-        def timed(name: str, examples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-            began = time.perf_counter()
-            result = self.measure_margins(examples)
-            self.seconds_by_set[name] = self.seconds_by_set.get(name, 0.0) + time.perf_counter() - began
-            return result
-
         for name, examples in (("train", self.sets.train), ("holdout", self.sets.holdout)):
             if not examples or f"violation_rate_{name}" in measured:
                 continue
-            margins = timed(name, examples)
+            margins = self._timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
             forget_margins[name] = margins["margins"]
@@ -390,7 +380,7 @@ class ProbeState:
         measured["num_examples"] = train_examples if stop_probe == "train" else len(self.sets.holdout)
         if self.sets.retain:
             if reading is None:
-                reading = timed("retain", self.sets.retain)["probabilities"].mean().item()
+                reading = self._timed("retain", self.sets.retain)["probabilities"].mean().item()
             measured["retain_probability"] = reading
             measured["retain_probability_measured"] = float(source == "sample")
         measured = self._agree_across_processes(measured)
@@ -464,9 +454,7 @@ class ProbeState:
         floor = (self.args.utility_floor or 0.0) * (self.start_retain_probability or 0.0)
         if "candidate" in self.snapshots and self.sets.retain:
             self.restore("candidate")
-            began = time.perf_counter()
-            reading = self.measure_margins(self.sets.retain)["probabilities"].mean().item()
-            self.seconds_by_set["retain"] = self.seconds_by_set.get("retain", 0.0) + time.perf_counter() - began
+            reading = self._timed("retain", self.sets.retain)["probabilities"].mean().item()
             if self._agree_across_processes(reading) >= floor:
                 return
             logger.warning(
