@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE
+from .tokenizer import train_bpe_tokenizer
 
 __all__ = [
     "BENCHMARK_VERSION",
@@ -36,8 +36,6 @@ __all__ = [
 #: Bumped whenever what the target model learns from changes (tokenizer corpus, learned records, model, recipe),
 #: so caches are not reused. The perturbed answers are not learned, so they are not part of it.
 BENCHMARK_VERSION = "1"
-
-PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<pad>", "<s>", "</s>", "<unk>"
 
 _FIRST_SYLLABLES = (
     "Ve",
@@ -584,29 +582,3 @@ def build_tokenizer(
     if records is None:
         records = tokenizer_corpus()
     return train_bpe_tokenizer(_benchmark_texts(records), vocab_size)
-
-
-def train_bpe_tokenizer(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a ``PreTrainedTokenizerFast`` with the special
-    tokens of :func:`build_tokenizer` (also what the other embedded benchmarks' tokenizers are built with)."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=[PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    backend.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
-        unk_token=UNK_TOKEN,
-        add_bos_token=True,
-        add_eos_token=False,
-        clean_up_tokenization_spaces=False,
-        model_max_length=1024,
-    )

@@ -31,7 +31,7 @@ from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
 
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE
-from .fictitious_authors import train_bpe_tokenizer
+from .tokenizer import train_bpe_tokenizer
 
 __all__ = [
     "CHRONICLES_SPLIT_NAMES",

@@ -26,8 +26,8 @@ from ..data.examples import ensure_pad_token, tokenize_qa
 from ..data.loaders import load_tofu_folder
 from ..evaluation.metrics import default_max_new_tokens, generate_answers, rouge_l_recall
 from ..training.adapters import lora_config
-from .fictitious_authors import train_bpe_tokenizer
 from .target_model import PRETRAINED_BASES, LearnStopper, cache_path, from_cache, learn_into_cache, tiny_model
+from .tokenizer import train_bpe_tokenizer
 
 #: The base models :func:`learn_tofu_target` knows by name; any other name is loaded as a local folder or Hub id.
 #: ``tiny`` is a randomly initialised ~1M-parameter Llama with a BPE tokenizer trained on the folder's text: the
