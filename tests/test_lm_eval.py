@@ -176,10 +176,9 @@ def test_eval_and_run_write_the_scores_into_record_report_and_card(tmp_path, loc
     root = local_model_and_data
     out = tmp_path / "out"
     limit = ["--lm_eval_limit", "8"]
-    assert (
-        main(tiny_run_argv(root, out, "--lm_eval_tasks", "tofu_real_authors", "--lm_eval_tofu_dir", TOFU_DIR, *limit))
-        == 0
-    )
+    argv = tiny_run_argv(root, out, "--lm_eval_tasks", "tofu_real_authors", "--lm_eval_tofu_dir", TOFU_DIR, *limit)
+    status = main(argv)
+    assert status == 0
     record = json.loads((out / "unlearn_record.json").read_text())
     settings = LmEvalSettings(tasks=["tofu_real_authors"], include_path=[task_folder], limit=8)
 

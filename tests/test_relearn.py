@@ -61,10 +61,9 @@ def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
         save_model_folder(tmp_path / name, model, tokenizer)
     path = tmp_path / "forget.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in forget))
-    assert (
-        main(["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--output_dir", str(tmp_path)])
-        == 1
-    )
+    argv = ["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--output_dir", str(tmp_path)]
+    status = main(argv)
+    assert status == 1
     assert "--forget_data" in capsys.readouterr().err
     status = main(
         ["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--forget_data", str(path),

@@ -101,7 +101,9 @@ def real_knowledge_utility(
     values: list[float] = []
     for name, records in sets.items():
         qa = evaluate_qa(model, tokenizer, records, max_new_tokens=max_new_tokens, prompt_template=prompt_template)
-        scores = option_scores(model, tokenizer, records, "answer", 32, False, prompt_template)
+        scores = option_scores(
+            model, tokenizer, records, "answer", batch_size=32, show_progress=False, prompt_template=prompt_template
+        )
         options = normalized_probabilities_from(scores)
         # TOFU's real-knowledge sets compare the perturbed answers with the answer itself (the loader sets it as the
         # paraphrase): then the truth ratio reads the same scores instead of a second pass over every option.
