@@ -99,6 +99,16 @@ def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
     assert masc["forget"]["probability"] < 0.5 * result["region"]["before"]["forget"]["probability"]
 
 
+def test_compare_adapts_the_modules_run_adapts_unless_told_otherwise():
+    from hf_unlearn.jobs.compare import CompareArguments
+    from hf_unlearn.jobs.compare_setups import lora_targets
+    from hf_unlearn.training.adapters import DEFAULT_LORA_TARGETS
+
+    assert lora_targets(CompareArguments()) == list(DEFAULT_LORA_TARGETS)
+    assert lora_targets(CompareArguments(lora_target_modules=["all-linear"])) == "all-linear"
+    assert lora_targets(CompareArguments(lora_target_modules=["q_proj", "v_proj"])) == ["q_proj", "v_proj"]
+
+
 def test_table_of_baselines_alone_leaves_the_masc_columns_empty():
     """`--masc false` (a comparison split over two processes): no MASC row, no ratio to MASC's time or cost."""
     from hf_unlearn.jobs.compare_report import compare_table

@@ -26,6 +26,15 @@ def test_authors_take_their_roles_in_order_and_never_overlap():
         TofuAuthorSplit.in_order(range(15), num_calibration=0)
 
 
+def test_an_offset_gives_every_role_other_authors_wrapping_round():
+    split = TofuAuthorSplit.in_order(range(15), 2, 4, 2, 2, offset=5)
+    assert split.forget == (5, 6) and split.retain == (7, 8, 9, 10)
+    assert split.calibration == (11, 12) and split.holdout == (13, 14)
+    wrapped = TofuAuthorSplit.in_order(range(15), 2, 4, 2, 2, offset=10)
+    assert wrapped.forget == (10, 11) and wrapped.holdout == (3, 4)
+    assert not set(wrapped.forget) & set(wrapped.retain + wrapped.calibration + wrapped.holdout)
+
+
 def test_the_sets_hold_each_roles_questions_of_the_real_rows():
     split = TofuAuthorSplit.in_order(range(15), 2, 4, 2, 2)
     sets = tofu_sets(TOFU_DIR, split, questions_per_author=5)

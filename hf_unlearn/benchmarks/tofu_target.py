@@ -52,11 +52,14 @@ class TofuAuthorSplit:
     @classmethod
     def in_order(
         cls, author_ids: Sequence[int], num_forget: int = 2, num_retain: int = 4, num_calibration: int = 2,
-        num_holdout: int = 2,
+        num_holdout: int = 2, offset: int = 0,
     ) -> TofuAuthorSplit:  # fmt: skip
-        """The first ``num_forget`` authors (by id) forgotten, the next ``num_retain`` kept, then the calibration
-        and the holdout authors (never learned)."""
+        """The first ``num_forget`` authors (by id, starting ``offset`` authors in and wrapping round) forgotten,
+        the next ``num_retain`` kept, then the calibration and the holdout authors (never learned)."""
         authors = sorted(set(int(a) for a in author_ids))
+        if authors:
+            shift = offset % len(authors)
+            authors = authors[shift:] + authors[:shift]
         counts = {"num_forget": num_forget, "num_retain": num_retain, "num_calibration": num_calibration}
         if min(counts.values()) < 1 or num_holdout < 1:
             raise ValueError(f"Every role needs at least one author, got {counts} and num_holdout={num_holdout}.")

@@ -36,6 +36,7 @@ from transformers import TrainerCallback
 
 from ..evaluation.bundle import measure_qa_sets, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
+from ..training.adapters import DEFAULT_LORA_TARGETS
 from ..training.config import UnlearnConfig
 from .compare_report import compare_table, write_compare
 from .models import build_trainer
@@ -100,6 +101,10 @@ class CompareArguments:
             "help": "benchmark tofu: a folder of TOFU rows (authors.jsonl with question/answer/author; optionally "
             "real_authors.jsonl and world_facts.jsonl with perturbed_answer, for utility on real knowledge)."
         },
+    )
+    author_offset: int = field(
+        default=0,
+        metadata={"help": "tofu: the roles are given in author order starting this many authors in (another split)."},
     )
     num_forget_authors: int = field(default=2, metadata={"help": "tofu: authors forgotten (20 QA each; 2 = 40)."})
     num_retain_authors: int = field(default=4, metadata={"help": "tofu: learned authors kept."})
@@ -173,6 +178,17 @@ class CompareArguments:
             "help": "LoRA rank (all linear layers) of every unlearning run, 0 = full fine-tuning. Default: 0 "
             "embedded, 16 tofu. On the embedded benchmark also the learn stage's rank for a base_model."
         },
+    )
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        metadata={
+            "help": "Modules the unlearning runs' LoRA adapts (default: q/k/v/o, as `hf-unlearn run` and the MASC "
+            "paper); 'all-linear' for every linear layer."
+        },
+    )
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={"help": "LoRA dropout of the unlearning runs (0: training-mode forwards are deterministic)."},
     )
     num_authors: int = field(default=40, metadata={"help": "Learned authors in the benchmark (5 QA each)."})
     learn_learning_rate: float | None = field(

@@ -38,7 +38,7 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
     authors = load_tofu_folder(cli.tofu_dir)["authors"]
     split = TofuAuthorSplit.in_order(
         authors["author"], cli.num_forget_authors, cli.num_retain_authors, cli.num_calibration_authors,
-        cli.num_holdout_authors,
+        cli.num_holdout_authors, offset=cli.author_offset,
     )  # fmt: skip
     sets = tofu_sets(cli.tofu_dir, split, cli.questions_per_author)
     base = cli.base_model or "smollm2"
@@ -69,7 +69,7 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
         retain_eval=retain_eval,
         holdout_records=sets["holdout"],
         reference_ratios=None,  # the folder holds no perturbed answers of the author questions
-        peft_config=lora_config(lora_r, "all-linear", dropout=0.0),
+        peft_config=lora_config(lora_r, lora_targets(cli), dropout=cli.lora_dropout),
         learn_info=learn_info,
         real_knowledge=real_knowledge,
         measure_fluency=True,
@@ -78,6 +78,7 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
             "split": f"TOFU ({len(sets['forget'])} forget questions of {len(split.forget)} authors)",
             "model": base,
             "lora_r": lora_r,
+            "lora_target_modules": lora_targets(cli),
             "tofu_dir": cli.tofu_dir,
             "authors": describe_split(split),
             "reference_model": {
@@ -85,6 +86,12 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
             },
         },
     )
+
+
+def lora_targets(cli: CompareArguments) -> Any:
+    """``--lora_target_modules`` as PEFT takes it: ``"all-linear"`` alone is PEFT's keyword, else a list of names."""
+    targets = list(cli.lora_target_modules)
+    return "all-linear" if targets == ["all-linear"] else targets
 
 
 def run_compare(cli: CompareArguments) -> dict:
@@ -138,13 +145,14 @@ def embedded_setting(cli: CompareArguments) -> CompareSetting:
         holdout_records=load_split("holdout", num_authors=cli.num_authors),
         reference_ratios=truth_ratios(reference_model, reference_tokenizer, forget_records),
         # No dropout: training-mode forwards stay deterministic (the running probe, seeds that mean the same run).
-        peft_config=lora_config(lora_r, "all-linear", dropout=0.0),
+        peft_config=lora_config(lora_r, lora_targets(cli), dropout=cli.lora_dropout),
         learn_info=learn_info,
         description={
             "epochs": 10,
             "split": cli.split,
             "model": cli.base_model or "embedded tiny Llama",
             "lora_r": lora_r,
+            "lora_target_modules": lora_targets(cli),
             "num_authors": cli.num_authors,
         },
     )

@@ -1,0 +1,279 @@
+"""Where MASC ends on a pretrained model, token by token (issue 32): one self-stopping MASC run on a TOFU split learned
+by SmolLM2-135M, then, under the stopped model, every answer token of the forget authors and of never-seen authors
+with its log-probability, its restricted margin (the library's one implementation), the competitor that took its
+place and its kind (a fact or name, a function word, punctuation, or the chat template's end tokens), and which
+kinds fill Min-K%'s lowest 40%. The run is then measured like ``hf-unlearn compare`` does (the region, fluency).
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python studies/masc_landing.py --tofu_dir ../shared/tofu --seed 0 \
+        --output_dir study32/defaults-s0 [--author_offset 5] [--masc_overrides key=value ...]
+        [--lora_target_modules all-linear]
+
+The target and the never-trained model come from compare's cache; their measurements (the region) are cached in
+``--region_cache`` per split, so that each run only measures itself. Writes ``result.json`` and ``tokens.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from hf_unlearn.data.examples import tokenize_qa
+from hf_unlearn.evaluation.fluency import fluent_like
+from hf_unlearn.evaluation.membership import min_k_count
+from hf_unlearn.jobs.compare import CompareArguments, in_region, parse_overrides
+from hf_unlearn.jobs.compare_setups import tofu_setting
+from hf_unlearn.jobs.models import build_trainer
+from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
+from hf_unlearn.training.config import UnlearnConfig
+
+FUNCTION_WORDS = set(
+    "a an the of in on at to for from by with and or but as is are was were be been being has have had his her "
+    "their its he she they it this that these those which who whom whose not no also into during over about "
+    "after before than such".split()
+)
+KINDS = ("fact", "function", "punctuation", "end")
+
+
+def token_kinds(tokenizer: Any, ids: list[int]) -> list[str]:
+    """The kind of each answer token: ``end`` for the chat template's closing tokens and EOS (special tokens, and
+    whitespace after the answer's last visible token), else function word, punctuation, or fact (the rest)."""
+    special = set(tokenizer.all_special_ids)
+    texts = [tokenizer.decode([i]) for i in ids]
+    last_visible = max(
+        (n for n, (i, t) in enumerate(zip(ids, texts, strict=True)) if i not in special and t.strip()), default=-1
+    )
+    kinds = []
+    for n, (i, text) in enumerate(zip(ids, texts, strict=True)):
+        word = text.strip().lower()
+        if i in special or n > last_visible:
+            kinds.append("end")
+        elif word in FUNCTION_WORDS:
+            kinds.append("function")
+        elif not any(c.isalnum() for c in word):
+            kinds.append("punctuation")
+        else:
+            kinds.append("fact")
+    return kinds
+
+
+@torch.no_grad()
+def token_table(model: Any, tokenizer: Any, records: list[dict], k: int = 10) -> list[dict]:
+    """Every answer token of ``records`` as the training saw it (``tokenize_qa``: the chat template, EOS appended):
+    log-probability, restricted margin against the self top-k, the top-1 other token, its kind, its example."""
+    model.eval()
+    rows = []
+    for index, record in enumerate(records):
+        example = tokenize_qa(tokenizer, record["question"], record["answer"])
+        input_ids = torch.tensor([example["input_ids"]])
+        labels = torch.tensor([example["labels"]])
+        logits = model(input_ids=input_ids).logits.float()
+        shifted, targets = shift_for_causal_lm(logits, labels)
+        margin = restricted_margin(shifted, targets, k=k)
+        mask = margin.mask[0]
+        log_probs = torch.log_softmax(shifted[0], dim=-1)
+        answer_ids = targets[0][mask].tolist()
+        kinds = token_kinds(tokenizer, answer_ids)
+        positions = mask.nonzero().flatten().tolist()
+        for n, (pos, token, kind) in enumerate(zip(positions, answer_ids, kinds, strict=True)):
+            others = log_probs[pos].clone()
+            others[token] = -math.inf
+            rival = int(others.argmax())
+            rows.append(
+                {
+                    "example": index,
+                    "position": n,
+                    "token": tokenizer.decode([token]),
+                    "kind": kind,
+                    "log_prob": float(log_probs[pos, token]),
+                    "margin": float(margin.margins[0, pos]),
+                    "rival": tokenizer.decode([rival]),
+                    "rival_log_prob": float(log_probs[pos, rival]),
+                }
+            )
+    return rows
+
+
+def summarize_tokens(rows: list[dict]) -> dict[str, Any]:
+    """Per kind: count, mean log-prob and margin; and each kind's share of the Min-K% (k = 0.4) lowest tokens of the
+    membership attack's completion (template end included, the extra EOS of training excluded: what Min-K% reads)."""
+    by_kind: dict[str, Any] = {}
+    for kind in KINDS:
+        chosen = [r for r in rows if r["kind"] == kind]
+        if chosen:
+            by_kind[kind] = {
+                "count": len(chosen),
+                "mean_log_prob": statistics.mean(r["log_prob"] for r in chosen),
+                "mean_margin": statistics.mean(r["margin"] for r in chosen),
+            }
+    lowest: dict[str, int] = dict.fromkeys(KINDS, 0)
+    per_example: dict[int, list[dict]] = {}
+    for r in rows:
+        per_example.setdefault(r["example"], []).append(r)
+    min_k_scores = []
+    for tokens in per_example.values():
+        read = tokens[:-1]  # tokenize_qa appends one EOS after the template's own end; Min-K% reads the completion
+        count = min_k_count(len(read), 0.4)
+        low = sorted(read, key=lambda r: r["log_prob"])[:count]
+        min_k_scores.append(statistics.mean(r["log_prob"] for r in low))
+        for r in low:
+            lowest[r["kind"]] += 1
+    total = sum(lowest.values()) or 1
+    return {
+        "by_kind": by_kind,
+        "min_k_lowest_share": {kind: lowest[kind] / total for kind in KINDS},
+        "min_k_mean": statistics.mean(min_k_scores),
+    }
+
+
+def rivals(rows: list[dict], kind: str = "end", top: int = 5) -> list[tuple[str, str, int]]:
+    """The most frequent (token, competitor that outranks it) pairs of one kind where the token is no longer top-1."""
+    counts: dict[tuple[str, str], int] = {}
+    for r in rows:
+        if r["kind"] == kind and r["rival_log_prob"] > r["log_prob"]:
+            counts[(r["token"], r["rival"])] = counts.get((r["token"], r["rival"]), 0) + 1
+    return [(t, v, c) for (t, v), c in sorted(counts.items(), key=lambda item: -item[1])[:top]]
+
+
+def region_of(setting: Any, cli: CompareArguments, cache: str) -> dict:
+    """The target's and the never-trained model's measurements (cached per split), and the region like compare's."""
+    if os.path.exists(cache):
+        with open(cache) as f:
+            return json.load(f)
+    before = setting.measure(setting.target_model)
+    never = setting.measure(setting.reference_model, setting.reference_tokenizer)
+    region = {
+        "forget_rouge_l_recall_max": never["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
+        "membership_auc_reference": never["forget"]["membership_auc"],
+        "membership_tolerance": cli.membership_tolerance,
+        "retain_rouge_l_recall_min": cli.retain_ratio * before["retain"]["rouge_l_recall"],
+        "real_knowledge_utility_min": cli.retain_ratio * before["real_knowledge"]["utility"],
+        "before": before,
+        "never_trained": never,
+    }
+    with open(cache, "w") as f:
+        json.dump(region, f, indent=1)
+    return region
+
+
+def plot(tables: dict[str, list[dict]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(KINDS), figsize=(4 * len(KINDS), 6.5))
+    for column, kind in enumerate(KINDS):
+        for row, value in enumerate(("log_prob", "margin")):
+            ax = axes[row, column]
+            for name, rows in tables.items():
+                values = [r[value] for r in rows if r["kind"] == kind]
+                if values:
+                    ax.hist(values, bins=30, alpha=0.5, label=f"{name} ({len(values)})", density=True)
+            ax.set_title(f"{kind}: {value}")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tofu_dir", required=True)
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
+    parser.add_argument("--author_offset", type=int, default=0)
+    parser.add_argument("--num_retain_authors", type=int, default=4)
+    parser.add_argument("--real_knowledge_size", type=int, default=50)
+    parser.add_argument("--lora_target_modules", nargs="+", default=None)
+    parser.add_argument("--lora_dropout", type=float, default=0.0)
+    parser.add_argument("--masc_overrides", nargs="*", default=[])
+    parser.add_argument("--region_cache", default=None)
+    parser.add_argument("--no_train", action="store_true", help="Only the region and the target's token table.")
+    args = parser.parse_args()
+    os.makedirs(args.output_dir, exist_ok=True)
+    cli = CompareArguments(
+        benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[args.seed],
+        num_retain_authors=args.num_retain_authors, real_knowledge_size=args.real_knowledge_size,
+        lora_dropout=args.lora_dropout,
+        **({"lora_target_modules": args.lora_target_modules} if args.lora_target_modules else {}),
+    )  # fmt: skip
+    setting = tofu_setting(cli)
+    cache = args.region_cache or os.path.join(
+        os.path.dirname(os.path.abspath(args.output_dir)),
+        f"region-offset{args.author_offset}-retain{args.num_retain_authors}-rk{args.real_knowledge_size}.json",
+    )
+    region = region_of(setting, cli, cache)
+    tokenizer = setting.tokenizer
+    forget = [dict(r) for r in setting.forget_records]
+    never_seen = [dict(r) for r in setting.holdout_records]
+    result: dict[str, Any] = {"args": vars(args), "description": setting.description}
+    tables = {}
+    if args.no_train:
+        model = setting.target_model
+    else:
+        overrides = parse_overrides(args.masc_overrides)
+        config = UnlearnConfig(
+            output_dir=os.path.join(args.output_dir, "run"), overwrite_output_dir=True, method="masc",
+            learning_rate=args.learning_rate, seed=args.seed, report_to="none", save_strategy="no",
+            disable_tqdm=True, logging_strategy="no", per_device_train_batch_size=cli.per_device_train_batch_size,
+            **overrides,
+        )  # fmt: skip
+        model = type(setting.target_model)(setting.target_model.config)
+        model.load_state_dict(setting.target_model.state_dict())
+        trainer = build_trainer(
+            model, tokenizer, config, setting.forget, setting.retain, setting.calibration, setting.peft_config
+        )
+        start = time.perf_counter()
+        trainer.train()
+        record = trainer.record
+        model = trainer.model
+        result["run"] = {
+            "seconds": time.perf_counter() - start,
+            "steps": record.global_step,
+            "stop_kind": record.stop_kind,
+            "stop_reason": record.stop_reason,
+            "probe_seconds": record.probe_seconds,
+            "probe_history": record.probe_history,
+            "overrides": overrides,
+        }
+        row = setting.measure(model)
+        fluency = row["forget"]["fluency"]
+        result["row"] = row
+        result["fluent"] = fluent_like(
+            fluency, region["never_trained"]["forget"]["fluency"],
+            fluent_nll=region["before"]["forget"]["fluency"].get("reference_nll"),
+        )  # fmt: skip
+        result["in_region"] = in_region(row, region)
+        result["landed"] = result["run"]["stop_kind"] == "target" and result["in_region"] and result["fluent"]
+    tables["forget (this model)"] = token_table(model, tokenizer, forget)
+    tables["never-seen (this model)"] = token_table(model, tokenizer, never_seen)
+    result["tokens"] = {name: summarize_tokens(rows) for name, rows in tables.items()}
+    result["rivals_end"] = {name: rivals(rows, "end") for name, rows in tables.items()}
+    result["rivals_fact"] = {name: rivals(rows, "fact") for name, rows in tables.items()}
+    result["never_trained_examples"] = region["never_trained"]["forget"]["fluency"]["examples"]
+    result["region"] = {k: v for k, v in region.items() if k not in ("before", "never_trained")}
+    result["questions"] = [r["question"] for r in forget[:3]]
+    with open(os.path.join(args.output_dir, "result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.output_dir, "tokens.json"), "w") as f:
+        json.dump(tables, f)
+    plot(tables, os.path.join(args.output_dir, "tokens.png"))
+    print(json.dumps({k: result.get(k) for k in ("in_region", "landed", "fluent", "tokens", "rivals_end")}, indent=1))
+    if "row" in result:
+        row = result["row"]
+        print(
+            "steps", result["run"]["steps"], "forget ROUGE-L", row["forget"]["rouge_l_recall"], "AUC",
+            row["forget"]["membership_auc"], "retain", row["retain"]["rouge_l_recall"], "RK",
+            row["real_knowledge"]["utility"], "repetitive", row["forget"]["fluency"]["repetitive_share"],
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
