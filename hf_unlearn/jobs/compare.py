@@ -36,26 +36,14 @@ from transformers import TrainerCallback
 
 from ..evaluation.bundle import measure_qa_sets, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
+from ..objectives import FORGET_OBJECTIVES, METHODS
 from ..training.adapters import DEFAULT_LORA_TARGETS
 from ..training.config import UnlearnConfig
 from .compare_report import compare_table, write_compare
 from .models import build_trainer
 
-BASELINES = [
-    "ga",
-    "graddiff",
-    "npo",
-    "npo_klr",
-    "simnpo",
-    "rmu",
-    "idk_dpo",
-    "undial",
-    "wga",
-    "satimp",
-    "ce_u",
-    "altpo",
-    "pdu",
-]
+#: Every registered method that does not stop itself, in registration order (MASC is raced on its own).
+BASELINES = [method for method, (forget, _) in METHODS.items() if not FORGET_OBJECTIVES[forget].stops_itself]
 
 
 @dataclass

@@ -6,7 +6,9 @@ from . import classic, masc, recent, retain  # noqa: F401  (registration)
 from .margin import restricted_margin, threshold_from_probability, upcast_half
 from .masc import MASC_PAPER
 from .registry import (
+    CUSTOM_METHOD,
     FORGET_OBJECTIVES,
+    METHODS,
     NORMALIZATIONS,
     RETAIN_OBJECTIVES,
     LossInputs,
@@ -20,11 +22,14 @@ from .registry import (
     register_forget_objective,
     register_retain_objective,
     require_answer_tokens,
+    resolve_hyperparameters,
     sequence_log_prob,
 )
 
 __all__ = [
+    "CUSTOM_METHOD",
     "FORGET_OBJECTIVES",
+    "METHODS",
     "MASC_PAPER",
     "NORMALIZATIONS",
     "RETAIN_OBJECTIVES",
@@ -36,6 +41,7 @@ __all__ = [
     "mean_over_items",
     "preference_margin",
     "require_answer_tokens",
+    "resolve_hyperparameters",
     "sequence_log_prob",
     "get_objective",
     "register_forget_objective",

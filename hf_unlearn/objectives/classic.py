@@ -38,6 +38,7 @@ logger = logging.get_logger(__name__)
         "https://arxiv.org/abs/2210.01504",
         "Jang et al.",
     ),
+    methods={"ga": "none", "graddiff": "nll"},
 )
 def gradient_ascent_loss(inputs: LossInputs) -> torch.Tensor:
     """``-NLL_f``: minimising it raises the NLL of the forget answers (gradient ascent; TOFU, arXiv 2401.06121)."""
@@ -50,6 +51,7 @@ def gradient_ascent_loss(inputs: LossInputs) -> torch.Tensor:
     needs_reference=True,
     hyperparameters=("npo_beta",),
     normalized_by="sequences",
+    methods={"npo": "none", "npo_klr": "kl"},
 )
 def npo_loss(inputs: LossInputs) -> torch.Tensor:
     """``-(2/beta) mean log sigmoid(-beta (log pi(y|x) - log pi_ref(y|x)))`` with sequence-summed log ratios.
@@ -71,6 +73,8 @@ def npo_loss(inputs: LossInputs) -> torch.Tensor:
     ),
     hyperparameters=("simnpo_beta", "simnpo_delta"),
     normalized_by="sequences",
+    methods={"simnpo": "nll"},
+    forget_weight=0.125,  # SimNPO's gamma (arXiv 2410.07163)
 )
 def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
     """``-(2/beta) mean log sigmoid(beta (NLL(y|x)/|y| - delta))``: length-normalised NPO without a reference.
@@ -95,6 +99,7 @@ def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
     hyperparameters=("dpo_beta", "refusal_answers"),
     normalized_by="sequences",
     needs_refusal=True,
+    methods={"idk_dpo": "nll"},
 )
 def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
     """DPO with the refusal as the chosen answer and the forget answer as the rejected one.
@@ -116,6 +121,7 @@ def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
     ),
     needs_reference=True,
     hyperparameters=("undial_beta",),
+    methods={"undial": "nll"},
 )
 def undial_loss(inputs: LossInputs) -> torch.Tensor:
     """Cross-entropy to ``softmax(z_ref - beta * onehot(y))`` on the answer tokens, beta = ``config.undial_beta``.
@@ -209,6 +215,7 @@ RMU_PAPER = Paper(
     normalized_by="attended_tokens",
     needs_hidden_states=True,
     prepare=_select_rmu_parameters,
+    methods={"rmu": "rmu_retain"},
 )
 def rmu_forget_loss(inputs: LossInputs) -> torch.Tensor:
     """``MSE(h_l(x_forget), c * u)``: steer layer l's activations on forget inputs to a fixed random direction.

@@ -56,6 +56,9 @@ def _check_masc_k(model: Any, config: Any) -> None:
     ),
     prepare=_check_masc_k,
     needs_calibration=lambda config: config.masc_threshold == "calibration",
+    methods={"masc": "kl"},
+    forget_weight=0.1,  # MASC's lambda_forget (TOFU/Qwen row of arXiv 2606.02920)
+    stops_itself=True,
 )
 def masc_loss(inputs: LossInputs) -> torch.Tensor:
     """Buffered hinge on the restricted margin of every answer token (MASC §3).

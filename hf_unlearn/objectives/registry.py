@@ -3,8 +3,8 @@
 Each objective takes :class:`LossInputs` (the current model's logits on one batch, its labels, the frozen
 reference model's logits when the objective asked for them, and the config) and returns a scalar loss to
 *minimise*. A registration says everything the trainer must know about an objective, so the trainer never
-branches on a method name: whether it needs the reference model, hidden states or refusal answers, which config
-fields are its hyperparameters (they go into the run record and the model card), what its mean is taken over
+branches on a method name: whether it needs the reference model, hidden states or refusal answers, its
+hyperparameters (they go into the run record and the model card), the methods it defines, what its mean is taken over
 (answer tokens, sequences or attended tokens: the trainer counts that unit over the whole gradient-accumulation
 window and all processes and passes the count as ``num_items``, as Trainer does with ``num_items_in_batch``),
 the paper it comes from, and an optional ``prepare`` hook that checks the model and chooses what trains.
@@ -12,8 +12,8 @@ the paper it comes from, and an optional ``prepare`` hook that checks the model 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,7 +41,8 @@ class LossInputs:
     every process; the loss is a sum over this batch divided by it. ``None``: this batch's own count (a plain mean).
     ``calibration_margins`` (only for objectives registered with ``needs_calibration``): the restricted margins of
     every answer token of the calibration set (data of the same kind the model never trained on), measured under
-    the current model at the last probe.
+    the current model at the last probe. ``hyperparameters``: the values of the hyperparameters the objective
+    declared in its registration, the defaults updated with the user's ``forget_loss_kwargs`` / ``retain_loss_kwargs``.
     """
 
     logits: torch.Tensor
@@ -55,6 +56,7 @@ class LossInputs:
     num_items: torch.Tensor | float | None = None
     calibration_margins: torch.Tensor | None = None
     state: dict[str, Any] | None = None
+    hyperparameters: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,13 @@ class Objective:
 
     ``needs_reference(config)``: logits (and hidden states) of the frozen start model; ``needs_hidden_states``:
     ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO);
-    ``hyperparameters``: the config fields the objective reads; ``normalized_by``: one of :data:`NORMALIZATIONS`;
+    ``hyperparameters``: the names of the config fields the objective reads (the built-in methods' flags, e.g.
+    ``npo_beta``); ``declared``: the hyperparameters it declared with their defaults (``hyperparameters={"scale":
+    1.0}`` at registration), set with ``forget_loss_kwargs`` / ``retain_loss_kwargs`` and read from
+    :attr:`LossInputs.hyperparameters`; ``methods``: the ``UnlearnConfig.method`` names this forget objective defines,
+    each with its retain objective (``"none"``: no retain term); ``forget_weight`` / ``retain_weight``: the weights a
+    run with this forget objective gets unless it sets them; ``stops_itself``: its methods stop on the violation rate
+    by default (``stop_on_violation``); ``normalized_by``: one of :data:`NORMALIZATIONS`;
     ``prepare(model, config)``: called once before training, before any weight changes, to refuse a model the
     objective cannot work with or to choose which parameters train; ``needs_calibration(config)``: the calibration
     set's margins (:attr:`LossInputs.calibration_margins`); ``needs_alternate``: a second batch whose answers are
@@ -98,24 +106,43 @@ class Objective:
     needs_alternate: bool = False
     initial_state: Callable[[Any], dict[str, Any]] | None = None
     update_state: Callable[..., None] | None = None
+    declared: Mapping[str, Any] = field(default_factory=dict)
+    methods: Mapping[str, str] = field(default_factory=dict)
+    forget_weight: float = 1.0
+    retain_weight: float = 1.0
+    stops_itself: bool = False
 
 
 FORGET_OBJECTIVES: dict[str, Objective] = {}
 RETAIN_OBJECTIVES: dict[str, Objective] = {}
+#: ``UnlearnConfig.method`` -> (forget objective, retain objective), filled by the forget objectives' registrations
+#: (``methods={"npo": "none", "npo_klr": "kl"}``); ``"none"`` means no retain term.
+METHODS: dict[str, tuple[str, str]] = {}
+#: The method of a run that names its own objectives (``forget_loss`` and ``retain_loss``) and nothing else.
+CUSTOM_METHOD = "custom"
+OPTIONS = frozenset(Objective.__dataclass_fields__) - {"name", "fn", "needs_reference", "declared"}
 
 
 def _register(registry: dict[str, Objective], name: str, needs_reference: bool | Callable[[Any], bool], **options):
     if options.get("normalized_by", "answer_tokens") not in NORMALIZATIONS:
         raise ValueError(f"normalized_by must be one of {NORMALIZATIONS}, got {options['normalized_by']!r}.")
-    unknown = set(options) - {"paper", "hyperparameters", "normalized_by", "needs_hidden_states", "needs_refusal",
-                              "prepare", "needs_calibration", "needs_alternate", "initial_state",
-                              "update_state"}  # fmt: skip
+    unknown = set(options) - OPTIONS
     if unknown:
         raise TypeError(f"Unknown objective option(s) {sorted(unknown)}.")
+    hyperparameters = options.pop("hyperparameters", ())
+    if isinstance(hyperparameters, Mapping):
+        options["declared"] = dict(hyperparameters)
+    else:
+        options["hyperparameters"] = tuple(hyperparameters)
+    methods = dict(options.pop("methods", {}))
+    taken = [method for method in methods if method == CUSTOM_METHOD or METHODS.get(method, (name,))[0] != name]
+    if taken:
+        raise ValueError(f"Method name(s) {taken} already name another method (or '{CUSTOM_METHOD}').")
 
     def decorator(fn: Callable[[LossInputs], torch.Tensor]) -> Callable[[LossInputs], torch.Tensor]:
         needs = needs_reference if callable(needs_reference) else (lambda _config, value=needs_reference: value)
-        registry[name] = Objective(name, fn, needs, **options)
+        registry[name] = Objective(name, fn, needs, methods=methods, **options)
+        METHODS.update({method: (name, retain) for method, retain in methods.items()})
         return fn
 
     return decorator
@@ -125,7 +152,9 @@ def register_forget_objective(name: str, needs_reference: bool | Callable[[Any],
     """Register a forget objective under ``name`` (usable as ``UnlearnConfig(forget_loss=name)``).
 
     ``needs_reference``: a bool, or a function of the config. ``options`` are :class:`Objective`'s fields:
-    ``paper``, ``hyperparameters``, ``normalized_by``, ``needs_hidden_states``, ``needs_refusal``, ``prepare``.
+    ``paper``, ``hyperparameters`` (a dict of names and defaults, or a tuple of config field names), ``methods``,
+    ``forget_weight``, ``retain_weight``, ``stops_itself``, ``normalized_by``, ``needs_hidden_states``,
+    ``needs_refusal``, ``prepare``, ...
     """
     return _register(FORGET_OBJECTIVES, name, needs_reference, **options)
 
@@ -133,8 +162,8 @@ def register_forget_objective(name: str, needs_reference: bool | Callable[[Any],
 def register_retain_objective(name: str, needs_reference: bool | Callable[[Any], bool] = False, **options: Any):
     """Register a retain objective under ``name`` (usable as ``UnlearnConfig(retain_loss=name)``); the options
     are :func:`register_forget_objective`'s, except ``needs_refusal``."""
-    if options.get("needs_refusal") or options.get("needs_alternate"):
-        raise ValueError("Only forget objectives can ask for refusal or alternate answers.")
+    if options.get("needs_refusal") or options.get("needs_alternate") or options.get("methods"):
+        raise ValueError("Only forget objectives can ask for refusal or alternate answers, or define methods.")
     return _register(RETAIN_OBJECTIVES, name, needs_reference, **options)
 
 
@@ -142,6 +171,29 @@ def get_objective(registry: dict[str, Objective], name: str, kind: str) -> Objec
     if name not in registry:
         raise ValueError(f"Unknown {kind} objective {name!r}; registered: {sorted(registry)}.")
     return registry[name]
+
+
+def resolve_hyperparameters(objective: Objective | None, given: Mapping[str, Any] | None, option: str) -> dict:
+    """The values of the hyperparameters ``objective`` declared: its defaults updated with ``given`` (the user's
+    ``forget_loss_kwargs`` / ``retain_loss_kwargs``). A key it did not declare, or a value of another type than the
+    default's (an int for a float is taken), is refused by name."""
+    given = dict(given or {})
+    declared = dict(objective.declared) if objective is not None else {}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        what = f"the objective {objective.name!r}" if objective is not None else "no objective ('none')"
+        raise ValueError(
+            f"{option} has unknown key(s) {unknown}: {what} declares {sorted(declared) or 'no hyperparameters'}."
+        )
+    for key, value in given.items():
+        default = declared[key]
+        numeric = isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool)
+        if default is not None and not numeric and not isinstance(value, type(default)):
+            raise ValueError(
+                f"{option}[{key!r}] must be a {type(default).__name__} like its default {default!r}, got {value!r}."
+            )
+        declared[key] = float(value) if numeric else value
+    return declared
 
 
 def mean_over_items(total: torch.Tensor, local_count: torch.Tensor | int, inputs: LossInputs) -> torch.Tensor:

@@ -15,16 +15,15 @@ from .callbacks import (
     report_progress_in,
 )
 from .choices import (
-    DEFAULT_FORGET_WEIGHTS,
     DEFAULT_REFUSALS,
-    DEFAULT_RETAIN_WEIGHTS,
     FORGET_SCORINGS,
     MASC_THRESHOLDS,
     STOP_PROBES,
     STOP_TARGETS,
+    resolved_for_data,
     sharded_surgery_error,
 )
-from .config import UnlearnConfig, resolved_for_data
+from .config import UnlearnConfig
 from .ledger import (
     LEDGER_FILE,
     forget_set_fingerprint,
@@ -98,9 +97,7 @@ from .trainer import (
 __all__ = [
     "CHECKPOINT_PATTERN",
     "CONTINUATION_HYPERPARAMETERS",
-    "DEFAULT_FORGET_WEIGHTS",
     "DEFAULT_REFUSALS",
-    "DEFAULT_RETAIN_WEIGHTS",
     "DTYPE_BYTES",
     "FORGET_SCORINGS",
     "GUARD_HYPERPARAMETERS",

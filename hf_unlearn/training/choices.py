@@ -1,32 +1,25 @@
-"""The vocabulary of :class:`~hf_unlearn.training.config.UnlearnConfig`: the methods and their objectives, the
-weights where a paper departs from 1, the refusals, the allowed values of the string options, and the one error for
+"""The vocabulary of :class:`~hf_unlearn.training.config.UnlearnConfig`: the methods (from the objectives'
+registrations), the refusals, the allowed values of the string options, and the one error for
 gradient surgery under a backend that cannot run it."""
 
 from __future__ import annotations
 
-# method -> (forget objective, retain objective); "none" means no retain term.
-METHODS: dict[str, tuple[str, str]] = {
-    "masc": ("masc", "kl"),
-    "ga": ("ga", "none"),
-    "graddiff": ("ga", "nll"),
-    "npo": ("npo", "none"),
-    "npo_klr": ("npo", "kl"),
-    "simnpo": ("simnpo", "nll"),
-    "rmu": ("rmu", "rmu_retain"),
-    "idk_dpo": ("idk_dpo", "nll"),
-    "undial": ("undial", "nll"),
-    "wga": ("wga", "nll"),
-    "satimp": ("satimp", "nll"),
-    "ce_u": ("ce_u", "none"),
-    "altpo": ("altpo", "nll"),
-    "pdu": ("pdu", "pdu_dual"),
-}
-# Forget weights (gamma) where a method's paper uses something else than 1: MASC's lambda_forget (TOFU/Qwen
-# row of arXiv 2606.02920) and SimNPO's gamma (arXiv 2410.07163).
-DEFAULT_FORGET_WEIGHTS = {"masc": 0.1, "simnpo": 0.125}
-# Retain weights other than 1: SatImp's reference code adds 0.1 x retain NLL (tmlr-group/SatImp, coeff 0.1; the
-# open-unlearning YAML has forget 0.1 and retain 1 instead, its README and Python defaults agree with the paper's).
-DEFAULT_RETAIN_WEIGHTS = {"satimp": 0.1}  # keyed, like the forget weights, by the forget objective
+import copy
+from typing import Any
+
+from transformers.utils import logging
+
+# The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
+from ..objectives.registry import (
+    CUSTOM_METHOD,
+    FORGET_OBJECTIVES,
+    METHODS,
+    RETAIN_OBJECTIVES,
+    resolve_hyperparameters,
+)
+
+logger = logging.get_logger(__name__)
+
 DEFAULT_REFUSALS = (
     "I don't know.",
     "I'm not sure about that.",
@@ -56,16 +49,80 @@ def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
     )
 
 
+def resolve_method(config: Any) -> None:
+    """The method group of an ``UnlearnConfig``, checked and completed in place: ``method`` (None: 'masc', or
+    'custom' when ``forget_loss`` is given, logged), the objectives' declared hyperparameters
+    (``forget_loss_kwargs`` / ``retain_loss_kwargs``: a key the objective did not declare is refused by name), and the
+    defaults the forget objective registered for ``forget_weight``, ``retain_weight`` and ``stop_on_violation``."""
+    if config.method is None:
+        config.method = CUSTOM_METHOD if config.forget_loss else "masc"
+        if config.forget_loss:
+            logger.warning(
+                f"UnlearnConfig: forget_loss={config.forget_loss!r} without a method, so method={CUSTOM_METHOD!r}: "
+                f"retain objective {config.retain_loss or 'none'!r}, stop_on_violation="
+                f"{bool(config.stop_on_violation)} (set method, retain_loss or stop_on_violation to choose)."
+            )
+    if config.method == CUSTOM_METHOD and not config.forget_loss:
+        raise ValueError(f"method={CUSTOM_METHOD!r} runs the objectives you name: set forget_loss (and retain_loss).")
+    if config.method not in METHODS and config.method != CUSTOM_METHOD:
+        raise ValueError(f"Unknown method {config.method!r}; choose one of {sorted(METHODS)} or {CUSTOM_METHOD!r}.")
+    forget, retain = config.objectives
+    for option, name, registry in (
+        ("forget_loss_kwargs", forget, FORGET_OBJECTIVES),
+        ("retain_loss_kwargs", retain, RETAIN_OBJECTIVES),
+    ):
+        given = getattr(config, option)
+        if given is not None and not isinstance(given, dict):
+            raise ValueError(
+                f"""{option} must be a dict or a JSON object such as '{{"scale": 0.5}}', got {given!r}."""
+            )
+        if name in registry or name == "none":  # an objective registered later is checked by the trainer
+            resolve_hyperparameters(registry.get(name), given, option)
+    objective = FORGET_OBJECTIVES.get(forget)
+    if config.forget_weight is None:
+        config.forget_weight = objective.forget_weight if objective is not None else 1.0
+    if config.retain_weight is None:
+        config.retain_weight = objective.retain_weight if objective is not None else 1.0
+    if config.stop_on_violation is None:
+        config.stop_on_violation = (
+            config.method in METHODS and FORGET_OBJECTIVES[METHODS[config.method][0]].stops_itself
+        )
+
+
+def resolved_for_data(args: Any, has_calibration: bool) -> Any:
+    """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
+    'calibration' with a calibration set, else 'alpha' / 'rho'); the caller's config is left as it was, so it can be
+    reused for another run with other data. 'calibration' without a calibration set is refused."""
+    if args.stop_target == "calibration" and not has_calibration:
+        raise ValueError(
+            "stop_target='calibration' compares the forget set with data the model never trained on: pass "
+            "calibration_dataset=... (same kind of examples, tokenized the same way), or stop_target='alpha'."
+        )
+    if args.masc_threshold == "calibration" and not has_calibration:
+        raise ValueError(
+            "masc_threshold='calibration' takes each token's threshold from data the model never trained on: "
+            "pass calibration_dataset=..., or masc_threshold='rho'."
+        )
+    resolved = copy.copy(args)
+    for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
+        if getattr(args, name) == "auto":
+            setattr(resolved, name, "calibration" if has_calibration else plain)
+            logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
+    return resolved
+
+
 __all__ = [
     "CALIBRATION_REFERENCES",
-    "DEFAULT_FORGET_WEIGHTS",
+    "CUSTOM_METHOD",
     "DEFAULT_REFUSALS",
-    "DEFAULT_RETAIN_WEIGHTS",
+    "FORGET_OBJECTIVES",
     "FORGET_SCORINGS",
     "MASC_THRESHOLDS",
     "METHODS",
     "RETAIN_PROBES",
     "STOP_PROBES",
     "STOP_TARGETS",
+    "resolve_method",
+    "resolved_for_data",
     "sharded_surgery_error",
 ]

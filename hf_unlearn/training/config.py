@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,15 +15,15 @@ from ..objectives.margin import COMPETITOR_SOURCES, threshold_from_probability
 from ..surgery.combine import STRATEGIES
 from .choices import (
     CALIBRATION_REFERENCES,
-    DEFAULT_FORGET_WEIGHTS,
+    CUSTOM_METHOD,
     DEFAULT_REFUSALS,
-    DEFAULT_RETAIN_WEIGHTS,
     FORGET_SCORINGS,
     MASC_THRESHOLDS,
     METHODS,
     RETAIN_PROBES,
     STOP_PROBES,
     STOP_TARGETS,
+    resolve_method,
     sharded_surgery_error,
 )
 
@@ -77,8 +76,8 @@ class UnlearnConfig(TrainingArguments):
 
     Parameters, by concern (each field's ``help`` says what it does; ``hf-unlearn run --help`` prints them all):
 
-    > Parameters that choose the method: `method`, `forget_loss`, `retain_loss`, `forget_weight`, `retain_weight`,
-      `gradient_surgery`, `reference_dtype`.
+    > Parameters that choose the method: `method`, `forget_loss`, `retain_loss`, `forget_loss_kwargs`,
+      `retain_loss_kwargs`, `forget_weight`, `retain_weight`, `gradient_surgery`, `reference_dtype`.
     > Parameters of MASC's restricted margin and hinge (§3): `masc_k`, `masc_beta`, `masc_rho`, `masc_eta`,
       `masc_threshold`, `competitor_source`, `competitor_delta`.
     > Parameters that control the stopping rule (§3, and the calibrated target): `stop_on_violation`,
@@ -96,9 +95,15 @@ class UnlearnConfig(TrainingArguments):
     > Parameters of the outputs: `quantization_check`, `overwrite_output_dir`.
     """
 
-    method: str = field(
-        default="masc",
-        metadata={"help": f"Unlearning method, one of {sorted(METHODS)}. Sets the forget and retain objectives."},
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["forget_loss_kwargs", "retain_loss_kwargs"]
+
+    method: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Unlearning method, one of {sorted(METHODS)}: sets the forget and retain objectives. "
+            f"'{CUSTOM_METHOD}': only forget_loss and retain_loss (default 'none'), no stop unless stop_on_violation. "
+            f"Default: 'masc', or '{CUSTOM_METHOD}' when forget_loss is given."
+        },
     )
     forget_loss: str | None = field(
         default=None,
@@ -108,18 +113,29 @@ class UnlearnConfig(TrainingArguments):
         default=None,
         metadata={"help": "Override the method's retain objective: 'kl', 'nll' or 'none'."},
     )
+    forget_loss_kwargs: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Values of the hyperparameters the forget objective declared in its registration, a dict or a "
+            """JSON string (e.g. '{"scale": 0.5}'); an undeclared key is an error."""
+        },
+    )
+    retain_loss_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "The same for the retain objective's declared hyperparameters."},
+    )
     forget_weight: float | None = field(
         default=None,
         metadata={
-            "help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery). Default: "
-            "0.1 for masc, 0.125 for simnpo, 1 otherwise."
+            "help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery). Default: the "
+            "forget objective's registered weight (masc 0.1, simnpo 0.125), 1 otherwise."
         },
     )
     retain_weight: float | None = field(
         default=None,
         metadata={
-            "help": "Weight of the retain objective (MASC's lambda_retain, alpha in gradient surgery). Default: 0.1 "
-            "for satimp, 1 otherwise (pdu's retain term is also scaled by its dual variable)."
+            "help": "Weight of the retain objective (MASC's lambda_retain, alpha in gradient surgery). Default: the "
+            "forget objective's registered retain weight (satimp 0.1), 1 otherwise (pdu's term also has its dual)."
         },
     )
     masc_k: int = field(default=10, metadata={"help": "MASC: number of competitor tokens k in the restricted margin."})
@@ -155,7 +171,7 @@ class UnlearnConfig(TrainingArguments):
         default=None,
         metadata={
             "help": "Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True "
-            "for method 'masc', False otherwise (the rate is still measured and logged)."
+            "for a method whose objective stops itself (masc), False otherwise (the rate is still logged)."
         },
     )
     stop_target: str = field(
@@ -460,8 +476,7 @@ class UnlearnConfig(TrainingArguments):
             # epoch that it is set but unused.
             self.dataloader_pin_memory = False
             logger.info("UnlearnConfig: no accelerator, so dataloader_pin_memory=False.")
-        if self.method not in METHODS:
-            raise ValueError(f"Unknown method {self.method!r}; choose one of {sorted(METHODS)}.")
+        resolve_method(self)
         if self.competitor_source not in COMPETITOR_SOURCES:
             raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
         for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
@@ -539,14 +554,8 @@ class UnlearnConfig(TrainingArguments):
             self.holdout_fraction = 0.1 if self.stop_probe == "holdout" else 0.0
         if self.stop_probe == "holdout" and self.holdout_fraction == 0:
             raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
-        if self.forget_weight is None:
-            self.forget_weight = DEFAULT_FORGET_WEIGHTS.get(self.objectives[0], 1.0)
-        if self.retain_weight is None:
-            self.retain_weight = DEFAULT_RETAIN_WEIGHTS.get(self.objectives[0], 1.0)
         if self.refusal_answers is None:
             self.refusal_answers = list(DEFAULT_REFUSALS)
-        if self.stop_on_violation is None:
-            self.stop_on_violation = self.method == "masc"
         if self.stop_on_violation and self.probe_interval == 0:
             raise ValueError("stop_on_violation needs probe_interval > 0.")
         if self.masc_threshold not in MASC_THRESHOLDS:
@@ -576,27 +585,5 @@ class UnlearnConfig(TrainingArguments):
     @property
     def objectives(self) -> tuple[str, str]:
         """(forget objective, retain objective) after applying the overrides."""
-        forget, retain = METHODS[self.method]
+        forget, retain = METHODS.get(self.method, (self.forget_loss, "none"))  # 'custom': forget_loss, retain 'none'
         return self.forget_loss or forget, self.retain_loss or retain
-
-
-def resolved_for_data(args: UnlearnConfig, has_calibration: bool) -> UnlearnConfig:
-    """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
-    'calibration' with a calibration set, else 'alpha' / 'rho'); the caller's config is left as it was, so it can be
-    reused for another run with other data. 'calibration' without a calibration set is refused."""
-    if args.stop_target == "calibration" and not has_calibration:
-        raise ValueError(
-            "stop_target='calibration' compares the forget set with data the model never trained on: pass "
-            "calibration_dataset=... (same kind of examples, tokenized the same way), or stop_target='alpha'."
-        )
-    if args.masc_threshold == "calibration" and not has_calibration:
-        raise ValueError(
-            "masc_threshold='calibration' takes each token's threshold from data the model never trained on: "
-            "pass calibration_dataset=..., or masc_threshold='rho'."
-        )
-    resolved = copy.copy(args)
-    for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
-        if getattr(args, name) == "auto":
-            setattr(resolved, name, "calibration" if has_calibration else plain)
-            logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
-    return resolved

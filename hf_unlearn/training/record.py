@@ -161,3 +161,13 @@ def dataset_description(dataset: Any, num_examples: int | None = None) -> dict[s
     if name and config_name and config_name != "default":
         name = f"{name} / {config_name}"
     return {"name": name, "num_examples": len(dataset) if num_examples is None else num_examples}
+
+
+def run_datasets(forget: Any, retain: Any, calibration: Any, trained: Any, held_out: Any) -> dict[str, Any]:
+    """The record's ``datasets``: each dataset's description, and how many forget examples were trained on and held
+    out (``trained`` / ``held_out``: their indices)."""
+    return {
+        "forget_dataset": {**dataset_description(forget), "num_trained": len(trained), "num_held_out": len(held_out)},
+        "retain_dataset": dataset_description(retain) if retain is not None else None,
+        "calibration_dataset": dataset_description(calibration) if calibration is not None else None,
+    }

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..objectives.registry import resolve_hyperparameters
 from ..surgery import SURGERY_PAPER
 from .record import UnlearnRecord
 
@@ -55,8 +56,9 @@ CONTINUATION_HYPERPARAMETERS = (
 
 
 def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
-    """The settings that shaped the run: training's, each objective's own, and those of the stopping rule, the
-    guards and continuation scoring where they are in use. Enum settings (scheduler, optimizer) by their value."""
+    """The settings that shaped the run: training's, each objective's own (its config fields, and the values of the
+    hyperparameters it declared, as ``forget_loss_kwargs`` / ``retain_loss_kwargs``), and those of the stopping rule,
+    the guards and continuation scoring where they are in use. Enum settings (scheduler, optimizer) by their value."""
     names = list(TRAINING_HYPERPARAMETERS)
     for objective in objectives:
         names += objective.hyperparameters
@@ -66,7 +68,11 @@ def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
         names += GUARD_HYPERPARAMETERS
     if args.forget_scoring != "answer":
         names += CONTINUATION_HYPERPARAMETERS
-    return {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
+    values = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
+    for option, objective in zip(("forget_loss_kwargs", "retain_loss_kwargs"), objectives):
+        if objective.declared:  # the values its declared hyperparameters had, defaults included
+            values[option] = resolve_hyperparameters(objective, getattr(args, option), option)
+    return values
 
 
 def papers(objectives: Sequence[Any], gradient_surgery: str) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from ..data.pairing import (
     window_counts,
 )
 from ..objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
+from ..objectives.registry import resolve_hyperparameters
 from ..surgery import SurgeryBuffers
 from .callbacks import (
     ObjectiveStateCallback,
@@ -40,13 +41,13 @@ from .callbacks import (
     ViolationStoppingCallback,
     advance_objective_states,
 )
-from .choices import sharded_surgery_error
-from .config import UnlearnConfig, resolved_for_data
+from .choices import resolved_for_data, sharded_surgery_error
+from .config import UnlearnConfig
 from .ledger import forget_set_fingerprint, full_ledger, load_ledger, loaded_from, save_ledger
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
 from .probing import ProbeSets, ProbeState, has_dropout
-from .record import UnlearnRecord, dataset_description
+from .record import UnlearnRecord, run_datasets
 from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 
@@ -121,6 +122,10 @@ class UnlearnTrainer(Trainer):
         self.retain_objective: Objective | None = (
             None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
         )
+        self.objective_kwargs = {  # declared hyperparameters, checked before any weight changes
+            part: resolve_hyperparameters(objective, getattr(args, f"{part}_loss_kwargs"), f"{part}_loss_kwargs")
+            for part, objective in (("forget", self.forget_objective), ("retain", self.retain_objective))
+        }
         check_unlearning_data(
             model,
             train_dataset,
@@ -166,17 +171,7 @@ class UnlearnTrainer(Trainer):
         # (the ledger of the folder it was loaded from; set it directly to chain runs in memory).
         self.forget_fingerprint = forget_set_fingerprint(train_dataset)
         self.earlier_requests: list[dict[str, Any]] = load_ledger(loaded_from(model, is_peft_model(model)))
-        self._datasets = {
-            "forget_dataset": {
-                **dataset_description(train_dataset),
-                "num_trained": len(trained_idx),
-                "num_held_out": len(holdout_idx),
-            },
-            "retain_dataset": dataset_description(retain_dataset) if retain_dataset is not None else None,
-            "calibration_dataset": dataset_description(calibration_dataset)
-            if calibration_dataset is not None
-            else None,
-        }
+        self._datasets = run_datasets(train_dataset, retain_dataset, calibration_dataset, trained_idx, holdout_idx)
         paired = ForgetRetainDataset(
             forget_train,
             retain_dataset if self.retain_objective is not None else None,
@@ -184,8 +179,7 @@ class UnlearnTrainer(Trainer):
             refusal=alternative_answer_examples(forget_train, self.forget_objective, args, processing_class),
             forget_labels=self._score_forget if args.forget_scoring == "continuation" else None,
         )
-        pad_id = getattr(processing_class, "pad_token_id", None)
-        self.pad_token_id = 0 if pad_id is None else pad_id
+        self.pad_token_id = getattr(processing_class, "pad_token_id", None) or 0
         if args.eval_strategy != "no" and kwargs.get("eval_dataset") is None:
             # Trainer insists on an eval_dataset for eval_strategy; evaluate() measures the forget and retain sets.
             kwargs["eval_dataset"] = train_dataset
@@ -357,12 +351,14 @@ class UnlearnTrainer(Trainer):
     ) -> torch.Tensor:
         count = None if num_items is None else num_items[part][_UNIT_INDEX[objective.normalized_by]]
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
+        loss_inputs.hyperparameters = self.objective_kwargs[part]
         if self.probes.running and model.training and part == "forget":
             self.probes.accumulate(loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits)
         if self.probes.running and model.training and part == "retain" and self.args.retain_probe == "screen":
             self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
+            loss_inputs.refusal.hyperparameters = loss_inputs.hyperparameters
         return objective.fn(loss_inputs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
