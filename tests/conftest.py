@@ -219,7 +219,7 @@ def suppressed_setting():
         # float64 and a CPU-independent start: the relearning and audit verdicts rest on greedy text after AdamW
         # steps, which float32 rounding differences between CPU kernels moved across their thresholds. GPT-2, which
         # is float64 throughout (Llama's RMSNorm computes in float32).
-        return cpu_independent_init(tiny_model(tokenizer, "gpt2", hidden_size=48, num_layers=2, num_heads=2).double())
+        return cpu_independent_init(tiny_model(tokenizer, "gpt2", hidden_size=64, num_layers=2, num_heads=2).double())
 
     target = train_on_answers(fresh(), tokenizer, forget + retain, 300, 1e-2)
     reference = train_on_answers(fresh(), tokenizer, retain, 300, 1e-2)
@@ -233,6 +233,13 @@ def suppressed_setting():
         "suppressed": suppressed,
         "reference": reference,
     }
+
+
+def quantized_and_kept(entry: dict) -> tuple[int, int]:
+    """One mode's result of the quantization check: how many layers it quantized and how many it kept in full
+    precision because bitsandbytes' CPU kernel cannot pack their shape, as the check reports them (which layers
+    this CPU's kernel packs is its decision, not the test's)."""
+    return entry["quantized_layers"], len(entry.get("kept_in_full_precision", {}).get("modules", {}))
 
 
 # --- model folders and dataset files as a user has them ------------------------------------------------------------

@@ -11,6 +11,7 @@ from conftest import (
     forget_set,
     hand_answer_probability,
     make_tiny_model,
+    quantized_and_kept,
     retain_set,
     save_model_folder,
     tiny_model_folder,
@@ -155,6 +156,8 @@ def test_push_without_network_fails_clearly_and_changes_nothing(tmp_path, monkey
     assert folder_digest(tmp_path / "out") == before
 
 
+# Llama of width 64 (MLP 256): every linear layer a shape that bitsandbytes' AVX-512 BF16 CPU kernel packs
+# (out features a multiple of 32, in features of 64), so its 4-bit path runs on that CPU too.
 SIZES = dict(hidden_size=64, num_layers=2, num_heads=2)
 
 
@@ -192,7 +195,9 @@ def test_quantization_check_uses_real_bitsandbytes_layers(saved_tiny_model):
     result = check_quantization_robustness(model, tokenizer, forget, retain)
     assert set(result) == {"full_precision", "nf4", "fp4", "int8"}
     for mode in ("nf4", "fp4", "int8"):
-        assert result[mode]["quantized_layers"] == 2 * 7  # q, k, v, o, gate, up, down per layer
+        # q, k, v, o, gate, up, down per layer; shapes bitsandbytes' AVX-512 BF16 kernel packs (SIZES), so all are
+        # quantized on any CPU and none kept in full precision.
+        assert quantized_and_kept(result[mode]) == (2 * 7, 0) and result[mode]["linear_layers"] == 2 * 7
         for side in ("forget", "retain"):
             for value in result[mode][side].values():
                 assert value == value and abs(value) != float("inf")  # finite, not NaN
@@ -235,7 +240,7 @@ def test_quantization_check_merges_lora_first(saved_tiny_model, tmp_path):
     before = {name: value.clone() for name, value in peft_model.state_dict().items()}
     forget = load_split("forget01")
     result = check_quantization_robustness(peft_model, tokenizer, forget, modes=("nf4",))
-    assert result["nf4"]["quantized_layers"] == 14
+    assert quantized_and_kept(result["nf4"]) == (14, 0)
     # The caller's model is untouched: still an adapter on its base, every weight as it was.
     assert isinstance(peft_model, PeftModel) and peft_model.state_dict().keys() == before.keys()
     assert all(torch.equal(value, before[name]) for name, value in peft_model.state_dict().items())
@@ -274,7 +279,7 @@ def test_quant_check_command(tmp_path, saved_tiny_model, capsys):
     assert main(args) == 1 and "--forget_data" in capsys.readouterr().err
     assert main(args + ["--benchmark", "embedded"]) == 0
     result = json.loads((tmp_path / "quant_check.json").read_text())
-    assert result["nf4"]["quantized_layers"] == 14
+    assert quantized_and_kept(result["nf4"]) == (14, 0) and result["nf4"]["measured"] is True
 
 
 def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch, capsys):
@@ -331,3 +336,48 @@ def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model)
     changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
     assert changed and all("lora_" in n for n in changed)
     assert math.isfinite(trainer.record.probe_history[-1]["retain_probability"])  # a finite probe, 4-bit model
+
+
+def test_push_refuses_an_adapter_whose_base_is_a_local_path(tmp_path, monkeypatch, capsys):
+    """An adapter trained on a model loaded from a relative local folder names that folder by its absolute path, so
+    `push` refuses it before any upload and leaves the folder as it was; --base_model_id names the Hub model instead
+    (in the copy that is pushed), --merge_adapter pushes merged weights."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_unlearn.outputs.hub import stage_adapter_on
+
+    save_model_folder(tmp_path / "base", make_tiny_model(), build_tokenizer_for_tests())
+    monkeypatch.chdir(tmp_path)
+    lora = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    args = UnlearnConfig(
+        output_dir="out", max_steps=2, probe_interval=0, stop_on_violation=False,
+        report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = UnlearnTrainer(AutoModelForCausalLM.from_pretrained("base"), args, FORGET, RETAIN, peft_config=lora)
+    trainer.train()
+    trainer.save_model()
+    base, out = str(tmp_path / "base"), str(tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    before = folder_digest(out)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    push = ["push", "--model_name_or_path", out, "--repo_id", "someone/unlearned"]
+    assert main(push) == 1
+    error = capsys.readouterr().err
+    assert f"the local path {base!r}" in error and "nobody else can load" in error
+    assert "--merge_adapter true" in error and "--base_model_id ORG/NAME" in error
+    assert folder_digest(out) == before
+    # Either way out gets past the check (and then stops at the offline Hub, still changing nothing).
+    for way_out in (["--merge_adapter", "true"], ["--base_model_id", "someone/tiny-base"]):
+        assert main(push + way_out) == 1 and "offline mode is on" in capsys.readouterr().err
+    assert main(push + ["--base_model_id", "./base"]) == 1 and "not a Hub model id" in capsys.readouterr().err
+    assert folder_digest(out) == before
+    # What --base_model_id uploads: a copy whose adapter config, record and card name the Hub model.
+    stage_adapter_on(out, str(tmp_path / "staged"), "someone/tiny-base", "someone/unlearned")
+    staged = tmp_path / "staged"
+    assert json.loads((staged / "adapter_config.json").read_text())["base_model_name_or_path"] == "someone/tiny-base"
+    record = UnlearnRecord.load(str(staged))
+    digest = hashlib.sha256((tmp_path / "base" / "model.safetensors").read_bytes()).hexdigest()
+    assert record.base_model == "someone/tiny-base" and record.base_model_weights == {"model.safetensors": digest}
+    card = (staged / "README.md").read_text()
+    assert "base_model: someone/tiny-base" in card and digest in card and base not in card
+    assert folder_digest(out) == before

@@ -8,7 +8,7 @@ import tempfile
 import bitsandbytes.functional as bnb_functional
 import pytest
 import torch
-from conftest import train_on_answers
+from conftest import quantized_and_kept, train_on_answers
 
 from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
 from hf_unlearn.data.examples import tokenize_qa
@@ -136,18 +136,22 @@ def test_every_requested_mode_is_really_quantized(regain):
     result = check_quantization_robustness(unlearned, tokenizer, forget, modes=("nf4", "fp4", "int8"))
     assert set(result) == {"full_precision", "nf4", "fp4", "int8"}
     for mode in ("nf4", "fp4", "int8"):
-        assert result[mode]["quantized_layers"] == layers
+        # Llama, hidden 64, MLP 256: shapes bitsandbytes' AVX-512 BF16 kernel packs, so on any CPU every layer is in
+        # 4 (or 8) bits and none is kept in full precision.
+        assert quantized_and_kept(result[mode]) == (layers, 0) and result[mode]["linear_layers"] == layers
+        assert result[mode]["measured"] is True and isinstance(result[mode]["knowledge_returned"], bool)
         assert result[mode]["forget"]["num_examples"] == 5
     # FP4 has another code book: the fp32 model's weights are not on its grid, so its answers differ from NF4's.
     assert result["fp4"]["forget"]["probability"] != result["nf4"]["forget"]["probability"]
 
 
-def test_layers_that_do_not_fit_the_avx512_bf16_layout_stay_in_full_precision_and_are_reported(monkeypatch):
+def test_layers_that_do_not_fit_the_avx512_bf16_layout_stay_in_full_precision_and_are_reported():
     """On a CPU with AVX-512 BF16, bitsandbytes repacks a 4-bit weight for inference and asserts that its out features
     are a multiple of 32. The check keeps such layers in full precision (bitsandbytes' skip list), names them with
-    their shape in a warning and in the result, and quantizes the rest. This machine's CPU may lack AVX-512 BF16, so
-    the CPU test is replaced; bitsandbytes' own repacking function shows which layers it would refuse."""
-    import hf_unlearn.robustness.quantize as quantize
+    their shape in a warning and in the result, and quantizes the rest. The shape rule is given (``avx512_bf16``), so
+    it is checked on any CPU; then the check runs as this CPU needs; bitsandbytes' own repacking function shows which
+    layers it would refuse."""
+    from hf_unlearn.robustness.quantize import modules_to_keep_for_cpu, repacks_4bit_on_this_cpu
 
     tokenizer = build_tokenizer()
     forget = list(load_split("forget01").select_columns(["question", "answer"]))
@@ -160,21 +164,25 @@ def test_layers_that_do_not_fit_the_avx512_bf16_layout_stay_in_full_precision_an
         for name, shape in (("gate_proj", [80, 64]), ("up_proj", [80, 64]), ("down_proj", [64, 80]))
     }
 
-    monkeypatch.setattr(quantize, "repacks_4bit_on_this_cpu", lambda: False)
-    assert quantize.modules_to_keep_for_cpu(model.config)[1] == {}  # on other CPUs nothing extra is kept
-
-    monkeypatch.setattr(quantize, "repacks_4bit_on_this_cpu", lambda: True)
-    skip, unfit = quantize.modules_to_keep_for_cpu(model.config)
+    assert modules_to_keep_for_cpu(model.config, avx512_bf16=False)[1] == {}  # on other CPUs nothing extra is kept
+    skip, unfit = modules_to_keep_for_cpu(model.config, avx512_bf16=True)
     assert unfit == unfit_expected and "lm_head" in skip
-    assert quantize.modules_to_keep_for_cpu(fitting.config)[1] == {}  # a model without such a layer
-    result = check_quantization_robustness(model, tokenizer, forget, modes=("nf4", "int8"))
+    assert modules_to_keep_for_cpu(fitting.config, avx512_bf16=True)[1] == {}  # a model without such a layer
+    assert modules_to_keep_for_cpu(model.config)[1] == (unfit_expected if repacks_4bit_on_this_cpu() else {})
+
+    all_linears = 7  # q, k, v, o, gate, up, down
+    result = check_quantization_robustness(model, tokenizer, forget, modes=("nf4", "int8"), avx512_bf16=True)
     kept = result["nf4"]["kept_in_full_precision"]
     assert kept["modules"] == unfit_expected and "multiples of 32" in kept["reason"]
     assert "kept_in_full_precision" not in result["int8"]  # the 8-bit layout is not affected
-    all_linears = 7  # q, k, v, o, gate, up, down
-    assert result["nf4"]["quantized_layers"] == all_linears - 3 and result["int8"]["quantized_layers"] == all_linears
+    assert quantized_and_kept(result["nf4"]) == (all_linears - 3, 3) and quantized_and_kept(result["int8"]) == (7, 0)
+    assert result["nf4"]["measured"] is True  # 4 of 7: more than half
     table = quantization_table(result)
     assert "`model.layers.0.mlp.gate_proj` (80 x 64)" in table and "stayed in full precision" in table
+    # As this CPU needs: the same split on one with AVX-512 BF16, every layer in 4 bits elsewhere.
+    own = check_quantization_robustness(model, tokenizer, forget, modes=("nf4",))["nf4"]
+    assert sum(quantized_and_kept(own)) == own["linear_layers"] == all_linears
+    assert quantized_and_kept(own)[1] == (3 if repacks_4bit_on_this_cpu() else 0)
 
     # What the skip list avoids, with bitsandbytes' own repacking: it fails on the three MLP layers and accepts every
     # layer left in 4 bits.
@@ -196,3 +204,37 @@ def test_layers_that_do_not_fit_the_avx512_bf16_layout_stay_in_full_precision_an
                     except (AssertionError, RuntimeError):  # out features: an assertion; in features: a reshape
                         refused.append(name)
             assert sorted(refused) == (sorted(unfit_expected) if should_fail else []), refused
+
+
+def test_a_check_that_quantized_under_half_of_the_layers_is_not_measured():
+    """Under the shape rule of bitsandbytes' AVX-512 BF16 kernel (given, so on any CPU) a model with 1 key/value head
+    and an MLP of 80 keeps 5 of its 7 layers in full precision: its 4-bit numbers are a mostly full-precision
+    model's. The mode is "not measured", knowledge_returned is None, the table says why; 8-bit is measured."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_unlearn.benchmarks import tiny_model_config
+
+    tokenizer = build_tokenizer()
+    forget = list(load_split("forget01").select_columns(["question", "answer"]))
+    config = tiny_model_config(tokenizer, "qwen2", hidden_size=64, num_layers=1, num_heads=4, intermediate_size=80)
+    config.num_key_value_heads = 1  # k and v: 16 x 64, out features not a multiple of 32
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    result = check_quantization_robustness(model, tokenizer, forget, modes=("nf4", "int8"), avx512_bf16=True)
+    nf4 = result["nf4"]
+    assert quantized_and_kept(nf4) == (2, 5) and nf4["linear_layers"] == 7
+    assert nf4["measured"] is False and nf4["knowledge_returned"] is None
+    assert "only 2 of 7 linear layers were quantized" in nf4["not_measured"]
+    assert "multiples of 32" in nf4["not_measured"]
+    assert result["int8"]["measured"] is True and isinstance(result["int8"]["knowledge_returned"], bool)
+    table = quantization_table(result)
+    assert "| nf4 (not measured) | int8 |" in table and "Not measured in nf4: only 2 of 7" in table
+    assert "No forgotten knowledge came back after int8 " in table and "after quantization" not in table
+    # Nothing quantized at all: 4 bits only, every layer kept.
+    nothing = check_quantization_robustness(
+        tiny_model(tokenizer, "llama", hidden_size=48, num_layers=1, num_heads=2), tokenizer, forget,
+        modes=("nf4",), avx512_bf16=True,
+    )  # fmt: skip
+    assert quantized_and_kept(nothing["nf4"]) == (0, 7) and nothing["nf4"]["measured"] is False
+    table = quantization_table(nothing)
+    assert "Not measured in nf4: only 0 of 7" in table and "No forgotten knowledge" not in table

@@ -83,7 +83,7 @@ def run_audit(
 ) -> dict[str, Any]:
     """Quantization, relearning and (with ``holdout_records``) membership checks of ``model`` (never modified), and
     a verdict per check: ``{"quantization", "relearning", "membership", "verdicts"}``."""
-    from .quantize import RETURN_THRESHOLD, check_quantization_robustness
+    from .quantize import check_quantization_robustness
     from .relearn import RELEARN_THRESHOLD, check_relearning_robustness
 
     quantization = check_quantization_robustness(
@@ -99,13 +99,8 @@ def run_audit(
         learning_rate=relearn_learning_rate,
         prompt_template=prompt_template,
     )
-    came_back = [mode for mode in modes if quantization[mode]["knowledge_returned"]]
     verdicts = {
-        "quantization": {
-            "passed": not came_back,
-            "finding": f"forgotten knowledge came back after {', '.join(came_back)}" if came_back else "held",
-            "threshold": f"forget ROUGE-L or exact match rising by more than {RETURN_THRESHOLD}",
-        },
+        "quantization": quantization_verdict(quantization, modes),
         "relearning": {
             "passed": not relearning["knowledge_returned"],
             "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L against {relearning['compared_with']} "
@@ -129,6 +124,33 @@ def run_audit(
             "threshold": f"Min-K% PrivLeak within +-{PRIVLEAK_TOLERANCE:g}% of retraining",
         }
     return result
+
+
+def quantization_verdict(quantization: dict[str, Any], modes: Sequence[str]) -> dict[str, Any]:
+    """The quantization verdict over ``modes`` of a result of
+    :func:`hf_unlearn.robustness.quantize.check_quantization_robustness`: failed when forgotten knowledge came back
+    in a measured mode; otherwise not judged (``passed: None``) when a mode was not measured (too few layers
+    quantized; the reason is in the finding); passed only when every mode was measured and held."""
+    from .quantize import RETURN_THRESHOLD, mode_measured
+
+    unmeasured = [mode for mode in modes if not mode_measured(quantization[mode])]
+    came_back = [mode for mode in modes if mode not in unmeasured and quantization[mode]["knowledge_returned"]]
+    reasons = "; ".join(
+        f"{mode} not measured: {quantization[mode].get('not_measured', 'no layer was quantized')}"
+        for mode in unmeasured
+    )
+    if came_back:
+        passed, finding = False, f"forgotten knowledge came back after {', '.join(came_back)}"
+        finding += f" ({reasons})" if reasons else ""
+    elif unmeasured:
+        passed, finding = None, f"not judged: {reasons}"
+    else:
+        passed, finding = True, "held"
+    return {
+        "passed": passed,
+        "finding": finding,
+        "threshold": f"forget ROUGE-L or exact match rising by more than {RETURN_THRESHOLD}",
+    }
 
 
 def audit_record_fields(audit: dict[str, Any]) -> dict[str, Any]:
@@ -166,4 +188,11 @@ def audit_markdown(audit: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PRIVLEAK_TOLERANCE", "audit_markdown", "audit_record_fields", "membership_check", "run_audit"]
+__all__ = [
+    "PRIVLEAK_TOLERANCE",
+    "audit_markdown",
+    "audit_record_fields",
+    "membership_check",
+    "quantization_verdict",
+    "run_audit",
+]

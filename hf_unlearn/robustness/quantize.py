@@ -24,6 +24,9 @@ logger = logging.get_logger(__name__)
 QUANTIZATION_MODES = ("nf4", "fp4", "int8")
 # A forget metric that rises by more than this after quantization counts as knowledge coming back.
 RETURN_THRESHOLD = 0.05
+#: A mode that quantized fewer than this share of the linear layers (outside transformers' default list, the output
+#: embedding) measured a mostly full-precision model: it is "not measured", never "passed".
+MIN_QUANTIZED_SHARE = 0.5
 # bitsandbytes' 4-bit inference layout for CPUs with AVX-512 BF16 packs output features in blocks of 32 and regroups
 # each row's quantization scales, one per block of 64 input features (its 4-bit blocksize); it converts at the first
 # eval-mode forward without gradients and fails there on any other shape (bitsandbytes 0.49-0.50).
@@ -61,14 +64,10 @@ def repacks_4bit_on_this_cpu() -> bool:
     return bool(has_avx512bf16())
 
 
-def modules_to_keep_for_cpu(config: Any) -> tuple[list[str], dict[str, list[int]]]:
-    """For a model of ``config`` quantized to 4 bits on this CPU: the modules to keep in full precision, and of those
-    the ones kept only because their shape does not fit bitsandbytes' CPU layout (``{name: [out, in]}``).
-
-    On a CPU with AVX-512 BF16, bitsandbytes fails (``N must be divisible by block_n``, or a reshape error) in the
-    first forward of a layer whose shape its inference layout cannot hold (:data:`CPU_PACKING_REASON`); such layers
-    are kept in full precision through bitsandbytes' own skip list. Elsewhere (other CPUs, GPUs) nothing is added to
-    transformers' default list. The names come from the model built on the meta device (no weights are read)."""
+def linear_layers(config: Any) -> tuple[list[str], dict[str, list[int]]]:
+    """transformers' default list of modules kept in full precision for a model of ``config`` (the output
+    embedding), and the ``[out, in]`` shape of every other linear layer: the layers bitsandbytes quantizes. Built on
+    the meta device (no weights are read)."""
     from transformers import AutoModelForCausalLM
     from transformers.pytorch_utils import Conv1D
     from transformers.quantizers.base import get_keys_to_not_convert
@@ -76,18 +75,36 @@ def modules_to_keep_for_cpu(config: Any) -> tuple[list[str], dict[str, list[int]
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     default = get_keys_to_not_convert(model)
-    unfit: dict[str, list[int]] = {}
-    if repacks_4bit_on_this_cpu():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear):
-                out_features, in_features = module.out_features, module.in_features
-            elif isinstance(module, Conv1D):  # GPT-2's transposed linear layers
-                in_features, out_features = module.weight.shape
-            else:
-                continue
-            kept = any(name == key or name.startswith(key + ".") for key in default)
-            if not kept and (out_features % CPU_PACKING_OUT_MULTIPLE or in_features % CPU_PACKING_IN_MULTIPLE):
-                unfit[name] = [out_features, in_features]
+    shapes: dict[str, list[int]] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            out_features, in_features = module.out_features, module.in_features
+        elif isinstance(module, Conv1D):  # GPT-2's transposed linear layers
+            in_features, out_features = module.weight.shape
+        else:
+            continue
+        if not any(name == key or name.startswith(key + ".") for key in default):
+            shapes[name] = [out_features, in_features]
+    return default, shapes
+
+
+def modules_to_keep_for_cpu(config: Any, avx512_bf16: bool | None = None) -> tuple[list[str], dict[str, list[int]]]:
+    """For a model of ``config`` quantized to 4 bits on this CPU: the modules to keep in full precision, and of those
+    the ones kept only because their shape does not fit bitsandbytes' CPU layout (``{name: [out, in]}``).
+
+    On a CPU with AVX-512 BF16, bitsandbytes fails (``N must be divisible by block_n``, or a reshape error) in the
+    first forward of a layer whose shape its inference layout cannot hold (:data:`CPU_PACKING_REASON`); such layers
+    are kept in full precision through bitsandbytes' own skip list. Elsewhere (other CPUs, GPUs) nothing is added to
+    transformers' default list. ``avx512_bf16`` says whether that rule applies; ``None``: as on this CPU
+    (:func:`repacks_4bit_on_this_cpu`)."""
+    default, shapes = linear_layers(config)
+    if avx512_bf16 is None:
+        avx512_bf16 = repacks_4bit_on_this_cpu()
+    unfit = {
+        name: shape
+        for name, shape in shapes.items()
+        if avx512_bf16 and (shape[0] % CPU_PACKING_OUT_MULTIPLE or shape[1] % CPU_PACKING_IN_MULTIPLE)
+    }
     return sorted(set(default) | set(unfit)), unfit
 
 
@@ -135,12 +152,17 @@ def check_quantization_robustness(
     modes: tuple[str, ...] = QUANTIZATION_MODES,
     full_precision: dict | None = None,
     prompt_template: str | None = None,
+    avx512_bf16: bool | None = None,
 ) -> dict:
     """Measure forget/retain metrics in full precision and after each quantization ``mode``, with the questions in
-    ``prompt_template`` (the format of fine-tuning, :mod:`hf_unlearn.data.prompts`).
+    ``prompt_template`` (the format of fine-tuning, :mod:`hf_unlearn.data.prompts`). ``avx512_bf16``: whether the
+    4-bit models keep the layers that bitsandbytes' AVX-512 BF16 CPU kernel cannot pack in full precision
+    (:func:`modules_to_keep_for_cpu`); ``None``: as this CPU needs.
 
     Returns ``{"full_precision": {...}, "nf4": {"forget": ..., "retain": ..., "change": ..., "knowledge_returned":
-    bool, "quantized_layers": int}, ...}``; ``change`` is quantized minus full precision for every metric.
+    bool | None, "quantized_layers": int, "linear_layers": int, "measured": bool}, ...}``; ``change`` is quantized
+    minus full precision for every metric. A mode that quantized fewer than :data:`MIN_QUANTIZED_SHARE` of the
+    linear layers is not measured (``"not_measured"`` says why) and its ``knowledge_returned`` is ``None``.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -155,12 +177,13 @@ def check_quantization_robustness(
             full_precision = _measure(reference_model, tokenizer, forget_records, retain_records, prompt_template)
         result: dict[str, Any] = {"full_precision": full_precision}
         saved_config = AutoConfig.from_pretrained(path)
-        skip, unfit = modules_to_keep_for_cpu(saved_config)
+        skip, unfit = modules_to_keep_for_cpu(saved_config, avx512_bf16)
+        linear = len(linear_layers(saved_config)[1])
         # bitsandbytes quantizes 16- and 32-bit weights; a float64 model is quantized from its float32 rounding.
         load_dtype = {"dtype": torch.float32} if _saved_dtype(saved_config) == torch.float64 else {}
         if unfit and any(mode in ("nf4", "fp4") for mode in modes):
             logger.warning(
-                f"Quantization check: {len(unfit)} layer(s) stay in full precision in the 4-bit models on this CPU, "
+                f"Quantization check: {len(unfit)} layer(s) stay in full precision in the 4-bit models, "
                 f"because {CPU_PACKING_REASON}: "
                 + ", ".join(f"{name} ({out} x {inp})" for name, (out, inp) in unfit.items())
                 + ". On a GPU or a CPU without AVX-512 BF16 they are quantized too."
@@ -176,19 +199,40 @@ def check_quantization_robustness(
                 )
                 layers = sum(1 for m in quantized.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt"))
                 measured = _measure(quantized, tokenizer, forget_records, retain_records, prompt_template)
-            change = {
-                side: {
-                    k: measured[side][k] - full_precision[side][k]
-                    for k in ("rouge_l_recall", "probability", "exact_match")
-                }
-                for side in measured
-            }
-            returned = any(change["forget"][k] > RETURN_THRESHOLD for k in ("rouge_l_recall", "exact_match"))
-            result[mode] = {**measured, "change": change, "knowledge_returned": returned, "quantized_layers": layers}
+            del quantized
+            result[mode] = {**measured, **_judged(measured, full_precision, layers, linear)}
             if four_bit and unfit:
                 result[mode]["kept_in_full_precision"] = {"modules": unfit, "reason": CPU_PACKING_REASON}
-            del quantized
+                if not result[mode]["measured"]:
+                    result[mode]["not_measured"] += (
+                        f"; the others stayed in full precision, because {CPU_PACKING_REASON}"
+                    )
+            if not result[mode]["measured"]:
+                logger.warning(f"Quantization check: {mode} not measured: {result[mode]['not_measured']}.")
     return result
+
+
+def _judged(measured: dict, full_precision: dict, layers: int, linear: int) -> dict[str, Any]:
+    """The change of every metric, the layer counts, and whether knowledge came back: ``None`` (not measured) when
+    fewer than :data:`MIN_QUANTIZED_SHARE` of the ``linear`` layers were quantized."""
+    change = {
+        side: {
+            k: measured[side][k] - full_precision[side][k] for k in ("rouge_l_recall", "probability", "exact_match")
+        }
+        for side in measured
+    }
+    judged: dict[str, Any] = {"change": change, "quantized_layers": layers, "linear_layers": linear}
+    if layers == 0 or layers < MIN_QUANTIZED_SHARE * linear:
+        judged.update(
+            measured=False,
+            knowledge_returned=None,
+            not_measured=f"only {layers} of {linear} linear layers were quantized (fewer than "
+            f"{MIN_QUANTIZED_SHARE:.0%})",
+        )
+    else:
+        returned = any(change["forget"][k] > RETURN_THRESHOLD for k in ("rouge_l_recall", "exact_match"))
+        judged.update(measured=True, knowledge_returned=returned)
+    return judged
 
 
 def _saved_dtype(config: Any) -> torch.dtype | None:
@@ -220,11 +264,21 @@ def _measure(
     return measured
 
 
+def mode_measured(entry: dict) -> bool:
+    """Whether one mode's result of :func:`check_quantization_robustness` measured a quantized model (a record written
+    before ``"measured"`` existed: whether any layer was quantized)."""
+    return bool(entry.get("measured", entry.get("quantized_layers", 0) > 0))
+
+
 def quantization_table(result: dict) -> str:
-    """Markdown table: each metric in full precision and after each mode, with the change."""
+    """Markdown table: each metric in full precision and after each mode, with the change; then what came back, and
+    which modes were not measured and why."""
     modes = [m for m in result if m != "full_precision"]
+    unmeasured = [m for m in modes if not mode_measured(result[m])]
     lines = [
-        "| split | metric | full precision | " + " | ".join(modes) + " |",
+        "| split | metric | full precision | "
+        + " | ".join(m + (" (not measured)" if m in unmeasured else "") for m in modes)
+        + " |",
         "|---|---|---|" + "---|" * len(modes),
     ]
     for side in result["full_precision"]:
@@ -238,12 +292,18 @@ def quantization_table(result: dict) -> str:
         names = ", ".join(f"`{name}` ({out} x {inp})" for name, (out, inp) in kept["modules"].items())
         lines += ["", f"In the 4-bit models, {len(kept['modules'])} layer(s) stayed in full precision: {names}; "
                   f"{kept['reason']}."]  # fmt: skip
-    flagged = [m for m in modes if result[m]["knowledge_returned"]]
+    measured = [m for m in modes if m not in unmeasured]
+    flagged = [m for m in measured if result[m]["knowledge_returned"]]
     lines.append("")
-    lines.append(
-        f"Forgotten knowledge came back after: {', '.join(flagged)}."
-        if flagged
-        else "No forgotten knowledge came back after quantization (forget ROUGE-L / exact match within "
-        f"+{RETURN_THRESHOLD})."
-    )
+    if flagged:
+        lines.append(f"Forgotten knowledge came back after: {', '.join(flagged)}.")
+    elif measured:
+        after = "quantization" if not unmeasured else ", ".join(measured)
+        lines.append(
+            f"No forgotten knowledge came back after {after} "
+            f"(forget ROUGE-L / exact match within +{RETURN_THRESHOLD})."
+        )
+    for mode in unmeasured:
+        reason = result[mode].get("not_measured", "no layer was quantized")
+        lines.append(f"Not measured in {mode}: {reason}; its numbers are those of a mostly full-precision model.")
     return "\n".join(lines)
