@@ -1,5 +1,7 @@
 """hf_unlearn: make a language model forget specific training data, as a Hugging Face Trainer plugin."""
 
+# First, before transformers imports bitsandbytes (through peft): its note about an optional CPU kernel package.
+from . import third_party  # noqa: F401
 from .data.examples import build_qa_dataset, tokenize_qa
 from .objectives.margin import restricted_margin, threshold_from_probability
 from .objectives.registry import (

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 import yaml
-from conftest import save_model_folder, train_on_answers
+from conftest import quantized_and_kept, save_model_folder, train_on_answers
 from datasets import Dataset
 from safetensors.torch import load_file
 
@@ -42,7 +42,8 @@ def user(tmp_path_factory):
     fine-tuning on the answers), saved with its tokenizer, and the facts as JSONL files."""
     root = tmp_path_factory.mktemp("user")
     tokenizer = build_tokenizer()
-    model = tiny_model(tokenizer, "llama", hidden_size=48, num_layers=2, num_heads=2)
+    # Width 64 (MLP 256): shapes bitsandbytes' AVX-512 BF16 CPU kernel packs, so quant-check quantizes on any CPU.
+    model = tiny_model(tokenizer, "llama", hidden_size=64, num_layers=2, num_heads=2)
     forget = load_split("forget05").select_columns(["question", "answer"])
     retain = load_split("retain95").select(range(20)).select_columns(["question", "answer"])
     holdout = load_split("holdout").select(range(10)).select_columns(["question", "answer"])
@@ -427,6 +428,67 @@ def test_quiet_by_default(capfd, user):
     assert "Tokenizing" not in captured.err + captured.out and "Generating" not in captured.err + captured.out
 
 
+def test_bitsandbytes_note_about_its_optional_cpu_kernel_package_is_not_shown():
+    """bitsandbytes warns at import, on a CPU with AVX-512 BF16, that the optional `kernels` package is missing; the
+    package drops that note before it first imports bitsandbytes (through transformers and peft) and says at info
+    level which kernel is used. A fresh interpreter shows what a user sees on this CPU; the filter itself is checked
+    with bitsandbytes' own message on its own logger, on any CPU."""
+    import subprocess
+    import sys
+
+    from bitsandbytes.functional import has_avx512bf16
+
+    import hf_unlearn.third_party as third_party
+
+    script = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(name)s: "
+        "%(message)s'); import hf_unlearn"
+    )
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
+    assert third_party.OPTIONAL_KERNEL_NOTE not in shown, shown
+    try:
+        import kernels  # noqa: F401
+
+        missing = False
+    except ImportError:
+        missing = True
+    said = "hf_unlearn.third_party: bitsandbytes: 4-bit matmuls on this CPU (AVX-512 BF16) use the kernel"
+    assert (said in shown) is (missing and bool(has_avx512bf16())), shown
+
+    bnb_logger = logging.getLogger(third_party.BITSANDBYTES_CPU_LOGGER)
+    seen = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = seen.append
+    info = logging.getLogger(third_party.__name__)
+    info.addHandler(handler)
+    bnb_logger.addHandler(handler)
+    level = info.level
+    info.setLevel(logging.INFO)
+    try:
+        # bitsandbytes 0.50's call, backends/cpu/ops.py: logger.warning("Failed to load ...: %s. Please ...", exc)
+        for message, args in (
+            (
+                third_party.OPTIONAL_KERNEL_NOTE + ": %s. Please make sure you already `pip install kernels`",
+                (ModuleNotFoundError("No module named 'kernels'"),),
+            ),
+            ("another bitsandbytes warning", ()),
+        ):
+            bnb_logger.handle(
+                bnb_logger.makeRecord(bnb_logger.name, logging.WARNING, "ops.py", 1, message, args, None)
+            )
+    finally:
+        info.removeHandler(handler)
+        bnb_logger.removeHandler(handler)
+        info.setLevel(level)
+    assert [(r.name, r.levelno) for r in seen] == [
+        (third_party.__name__, logging.INFO),
+        (third_party.BITSANDBYTES_CPU_LOGGER, logging.WARNING),
+    ]
+    assert (
+        "No module named 'kernels'" in seen[0].getMessage() and seen[1].getMessage() == "another bitsandbytes warning"
+    )
+
+
 # --- the README's drop-in snippet, as is ------------------------------------------------------------------------
 
 
@@ -465,3 +527,4 @@ def test_quant_check_on_own_data_and_never_silently_on_the_embedded_benchmark(ca
     assert status == 0, error
     result = json.loads((tmp_path / "q1" / "quant_check.json").read_text())
     assert result["nf4"]["forget"]["num_examples"] == 10 and result["nf4"]["retain"]["num_examples"] == 20
+    assert quantized_and_kept(result["nf4"]) == (2 * 7, 0) and result["nf4"]["measured"] is True

@@ -198,7 +198,7 @@ def push_main(argv: list[str]) -> str:
     (cli,) = _parse((PushArguments,), argv)
     if not cli.repo_id:
         raise ValueError("hf-unlearn push: name the Hub repository to push to, --repo_id you/model-unlearned.")
-    url = push_folder(cli.require_model("push"), cli.repo_id, cli.merge_adapter, cli.private)
+    url = push_folder(cli.require_model("push"), cli.repo_id, cli.merge_adapter, cli.private, cli.base_model_id)
     print(f"Pushed to {url}")
     return url
 
@@ -226,7 +226,8 @@ TRACEBACK_VARIABLE = "HF_UNLEARN_TRACEBACK"
 
 
 def quiet_third_party() -> None:
-    """No output a user cannot act on: bitsandbytes' note about an optional CPU kernel package, DeepSpeed's note that
+    """No output a user cannot act on: bitsandbytes' CPU backend warnings (its note at import about an optional CPU
+    kernel package is dropped earlier, by :mod:`hf_unlearn.third_party`), DeepSpeed's note that
     it found no GPU, and the per-call progress bars of datasets and of transformers' weight loading and saving (the
     run has one bar).
 
