@@ -45,9 +45,12 @@ from .loaders import (
 )
 from .pairing import (
     MODEL_INPUT_KEYS,
+    AnswerEndMask,
     ContinuationScoring,
     ForgetRetainCollator,
     ForgetRetainDataset,
+    ForgetScoring,
+    answer_end_token_ids,
     continuation_labels,
     count_items,
     model_inputs,
@@ -66,7 +69,10 @@ from .prompts import (
 
 __all__ = [
     "BENCHMARKS",
+    "AnswerEndMask",
     "ContinuationScoring",
+    "ForgetScoring",
+    "answer_end_token_ids",
     "DATA_FILE_FORMATS",
     "ForgetRetainCollator",
     "ForgetRetainDataset",

@@ -307,6 +307,14 @@ class UnlearnConfig(TrainingArguments):
             "scored tokens, at a fixed place per example for the probes)."
         },
     )
+    score_answer_end: bool = field(
+        default=True,
+        metadata={
+            "help": "Whether the forget objective and the forget and never-seen probes score an answer's closing "
+            "tokens (EOS, a chat template's end-of-turn and the whitespace after it). False (beyond the MASC paper): "
+            "they say nothing of the facts, and pushing them down teaches the model not to end its forget answers."
+        },
+    )
     continuation_cut_min_ratio: float = field(
         default=0.2,
         metadata={"help": "forget_scoring='continuation': smallest fraction of a text's tokens given as prefix."},

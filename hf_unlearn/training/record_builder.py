@@ -28,6 +28,7 @@ TRAINING_HYPERPARAMETERS = (
     "forget_weight",
     "retain_weight",
     "gradient_surgery",
+    "score_answer_end",
 )
 STOPPING_HYPERPARAMETERS = (
     "stop_target",
@@ -205,5 +206,6 @@ def build_record(
             evaluation=previous.evaluation,
             quantization=previous.quantization,
             extra=previous.extra,
+            base_model_weights=previous.base_model_weights,
         )
     return record

@@ -25,9 +25,9 @@ from transformers.utils import is_peft_available, logging
 from ..data.checks import alternative_answer_examples, check_unlearning_data, warn_if_nothing_is_cut
 from ..data.examples import ensure_pad_token
 from ..data.pairing import (
-    ContinuationScoring,
     ForgetRetainCollator,
     ForgetRetainDataset,
+    ForgetScoring,
     model_inputs,
     split_holdout,
     window_counts,
@@ -152,8 +152,8 @@ class UnlearnTrainer(Trainer):
         forget_train = [train_dataset[i] for i in trained_idx]
         # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
         # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
-        self._score_forget = ContinuationScoring.from_config(args, seed)
-        if self._score_forget.enabled:
+        self._score_forget = ForgetScoring.from_config(args, seed, processing_class)
+        if self._score_forget.continuation.enabled:
             warn_if_nothing_is_cut(train_dataset, args)
         probe_sets = ProbeSets.sample(
             forget_train,
@@ -177,7 +177,7 @@ class UnlearnTrainer(Trainer):
             retain_dataset if self.retain_objective is not None else None,
             seed=args.seed,
             refusal=alternative_answer_examples(forget_train, self.forget_objective, args, processing_class),
-            forget_labels=self._score_forget if args.forget_scoring == "continuation" else None,
+            forget_labels=self._score_forget if self._score_forget.enabled else None,
         )
         self.pad_token_id = getattr(processing_class, "pad_token_id", None) or 0
         if args.eval_strategy != "no" and kwargs.get("eval_dataset") is None:
