@@ -442,7 +442,8 @@ def test_bitsandbytes_note_about_its_optional_cpu_kernel_package_is_not_shown():
 
     script = (
         "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr, format='%(name)s: "
-        "%(message)s'); import hf_unlearn"
+        "%(message)s'); from hf_unlearn import UnlearnTrainer; "
+        "assert 'bitsandbytes.backends.cpu.ops' in sys.modules, 'bitsandbytes was not imported'"
     )
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stderr
     assert third_party.OPTIONAL_KERNEL_NOTE not in shown, shown
