@@ -27,7 +27,7 @@ import torch
 from hf_unlearn.data.examples import tokenize_qa
 from hf_unlearn.evaluation.fluency import fluent_like
 from hf_unlearn.evaluation.membership import min_k_count
-from hf_unlearn.jobs.compare import CompareArguments, in_region, parse_overrides
+from hf_unlearn.jobs.compare import CompareArguments, build_region, in_region, parse_overrides, region_misses
 from hf_unlearn.jobs.compare_setups import tofu_setting
 from hf_unlearn.jobs.models import build_trainer
 from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
@@ -148,15 +148,8 @@ def region_of(setting: Any, cli: CompareArguments, cache: str) -> dict:
             return json.load(f)
     before = setting.measure(setting.target_model)
     never = setting.measure(setting.reference_model, setting.reference_tokenizer)
-    region = {
-        "forget_rouge_l_recall_max": never["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
-        "membership_auc_reference": never["forget"]["membership_auc"],
-        "membership_tolerance": cli.membership_tolerance,
-        "retain_rouge_l_recall_min": cli.retain_ratio * before["retain"]["rouge_l_recall"],
-        "real_knowledge_utility_min": cli.retain_ratio * before["real_knowledge"]["utility"],
-        "before": before,
-        "never_trained": never,
-    }
+    region = build_region(before, never, cli)
+    region["never_trained_misses"] = region_misses(never, region)
     with open(cache, "w") as f:
         json.dump(region, f, indent=1)
     return region
@@ -251,6 +244,7 @@ def main() -> None:
             fluent_nll=region["before"]["forget"]["fluency"].get("reference_nll"),
         )  # fmt: skip
         result["in_region"] = in_region(row, region)
+        result["misses"] = region_misses(row, region)
         result["landed"] = result["run"]["stop_kind"] == "target" and result["in_region"] and result["fluent"]
     tables["forget (this model)"] = token_table(model, tokenizer, forget)
     tables["never-seen (this model)"] = token_table(model, tokenizer, never_seen)

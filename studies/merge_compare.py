@@ -21,7 +21,7 @@ REGION_KEYS = (
     "forget_rouge_l_recall_max",
     "membership_auc_reference",
     "retain_rouge_l_recall_min",
-    "real_knowledge_utility_min",
+    "real_knowledge_mean_min",
 )
 
 

@@ -27,6 +27,33 @@ def test_region_is_defined_against_the_never_trained_model():
     assert not in_region(row(0.2, 0.55, 0.89), REGION)  # retain not kept
 
 
+def test_the_region_keeps_what_both_models_keep_and_says_what_a_run_misses():
+    from hf_unlearn.jobs.compare import CompareArguments, build_region, region_misses
+
+    def measured(rouge, auc, retain, knowledge, repetitive):
+        fluency = {"repetitive_share": repetitive, "empty_share": 0.0, "reference_nll": 2.0}
+        return {
+            "forget": {"rouge_l_recall": rouge, "membership_auc": auc, "fluency": fluency},
+            "retain": {"rouge_l_recall": retain},
+            "real_knowledge": {"mean": knowledge, "utility": 0.01},
+        }
+
+    target, never = measured(0.9, 0.05, 0.99, 0.40, 0.0), measured(0.3, 0.50, 0.90, 0.30, 0.0)
+    region = build_region(target, never, CompareArguments())
+    # the kept side against the lower of the two: the never-trained model lies in its own region
+    assert region["retain_rouge_l_recall_min"] == pytest.approx(0.95 * 0.90)
+    assert region["real_knowledge_mean_min"] == pytest.approx(0.95 * 0.30)
+    assert region_misses(never, region) == {} and in_region(never, region)
+    assert not region_misses(target, region).keys() - {"forget_rouge_l_recall", "membership_auc"}
+    damaged = measured(0.2, 0.75, 0.80, 0.20, 0.5)
+    misses = region_misses(damaged, region)
+    assert misses["membership_auc"] == pytest.approx(0.15)  # + : less likely than never-seen data
+    assert misses["retain_rouge_l_recall"] == pytest.approx(0.80 - 0.855)
+    assert misses["real_knowledge_mean"] == pytest.approx(0.20 - 0.285) and misses["fluent"] is False
+    assert "forget_rouge_l_recall" not in misses and not in_region(damaged, region)
+    assert region_misses(measured(0.2, 0.25, 0.95, 0.35, 0.0), region)["membership_auc"] == pytest.approx(-0.15)
+
+
 def test_summary_picks_the_lr_where_most_seeds_land_then_the_faster():
     def run(lr, seed, landed, time, seconds):
         return {"learning_rate": lr, "seed": seed, "landed": landed, "time": time, "seconds": seconds,

@@ -10,7 +10,7 @@ from scipy.stats import hmean
 
 from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, tofu_sets
 from hf_unlearn.cli import main
-from hf_unlearn.jobs.compare import in_region
+from hf_unlearn.jobs.compare import in_region, region_misses
 
 pytestmark = needs_tofu_rows
 
@@ -74,7 +74,11 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
     ]
     assert knowledge["real_authors"]["num_examples"] == 4
     assert knowledge["utility"] == pytest.approx(0.0 if min(parts) <= 0 else hmean(parts))
-    assert region["real_knowledge_utility_min"] == pytest.approx(0.95 * knowledge["utility"])
+    assert knowledge["mean"] == pytest.approx(sum(parts) / len(parts))
+    never_knowledge = region["never_trained"]["real_knowledge"]["mean"]
+    assert region["real_knowledge_mean_min"] == pytest.approx(0.95 * min(knowledge["mean"], never_knowledge))
+    # the never-trained model is judged against its own region, and the verdict is kept
+    assert region["never_trained_misses"] == region_misses(region["never_trained"], region)
     assert region["membership_auc_reference"] == region["never_trained"]["forget"]["membership_auc"]
     assert {"repetitive_share", "reference_nll", "examples"} <= set(region["never_trained"]["forget"]["fluency"])
     for key in ("landed", "time_to_region_seconds", "grid_seconds", "single_run_seconds"):
@@ -91,6 +95,7 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
     scored = [before["lm_eval"], region["never_trained"]["lm_eval"], masc["lm_eval"], baseline["lm_eval"]]
     assert all(s["tofu_real_authors"]["acc"] in (0.0, 0.5, 1.0) for s in scored)
     report = (out / "compare.md").read_text()
-    assert "real-knowledge utility" in report and "## Every run" in report and "| never-trained |" in report
+    assert "real-knowledge mean (harmonic)" in report and "## Every run" in report
+    assert "## Three forget answers of each run" in report and "misses the region by" in report and "| never-trained |" in report
     assert "## lm-evaluation-harness" in report and "tofu_real_authors acc" in report
     assert os.path.isfile(out / "compare.png")

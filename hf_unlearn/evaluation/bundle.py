@@ -96,7 +96,7 @@ def real_knowledge_utility(
     world-facts sets (records with ``question``, ``answer``, ``perturbed_answer``): per set ROUGE-L recall of the
     greedy answer, Prob normalised over the answer and its perturbed answers, and the truth ratio aggregated as
     ``mean(max(0, 1 - TR))``; ``utility`` is the harmonic mean of all of them (TOFU's model utility, without the
-    retain set's three values, which are reported beside it)."""
+    retain set's three values, which are reported beside it), ``mean`` their arithmetic mean."""
     measured: dict[str, Any] = {}
     values: list[float] = []
     for name, records in sets.items():
@@ -122,4 +122,6 @@ def real_knowledge_utility(
         measured[name] = row
         values += [row["rouge_l_recall"], row["probability"], row["truth_ratio"]]
     measured["utility"] = model_utility(values) if values else float("nan")
+    # The six values read as such: one near zero (a small model's real-author ROUGE-L) sinks the harmonic mean.
+    measured["mean"] = sum(values) / len(values) if values else float("nan")
     return measured

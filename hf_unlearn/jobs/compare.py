@@ -33,6 +33,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 from transformers import TrainerCallback
+from transformers.utils import logging
 
 from ..evaluation.bundle import measure_qa_sets, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
@@ -41,6 +42,8 @@ from ..training.adapters import DEFAULT_LORA_TARGETS
 from ..training.config import UnlearnConfig
 from .compare_report import compare_table, write_compare
 from .models import build_trainer
+
+logger = logging.get_logger(__name__)
 
 #: Every registered method that does not stop itself, in registration order (MASC is raced on its own).
 BASELINES = [method for method, (forget, _) in METHODS.items() if not FORGET_OBJECTIVES[forget].stops_itself]
@@ -199,9 +202,8 @@ class _EpochEvaluator(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
         began = time.perf_counter()
-        # Without fluency: the time to the region counts what checkpoint selection needs; the final model's fluency
-        # is measured after the clock stops (``finish``).
-        row = self.measure(model, with_fluency=False)
+        # With fluency where the benchmark measures it: it is part of the region, so checkpoint selection needs it.
+        row = self.measure(model)
         self.measure_seconds += time.perf_counter() - began
         row.update(epoch=round(state.epoch or 0), step=state.global_step, seconds=time.perf_counter() - self.start)
         self.epochs.append(row)
@@ -237,20 +239,64 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return parsed
 
 
-def in_region(row: dict, region: dict) -> bool:
-    """Forget side like the never-trained model's (reproduced no more, as recognisable), retain side kept (and, on
-    TOFU, real-knowledge utility kept)."""
+def build_region(before: dict, never_trained: dict, cli: CompareArguments) -> dict:
+    """The region a run must end in, from the target's (``before``) and the never-trained model's measurements.
+
+    The forget side is the never-trained model's (forget ROUGE-L, membership AUC, fluency); the kept side is what
+    both models keep: retain ROUGE-L and, on TOFU, real knowledge at least ``retain_ratio`` x the lower of the two
+    (so the never-trained model lies in its own region). Real knowledge is read as the arithmetic mean of TOFU's
+    six values (ROUGE-L, probability, truth ratio on real authors and world facts): their harmonic mean, TOFU's
+    model utility, is reported beside it but sinks to nothing when one value is near zero, as a small model's
+    real-author ROUGE-L is."""
+    region = {
+        "forget_rouge_l_recall_max": never_trained["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
+        "membership_auc_reference": never_trained["forget"]["membership_auc"],
+        "membership_tolerance": cli.membership_tolerance,
+        "retain_rouge_l_recall_min": cli.retain_ratio
+        * min(before["retain"]["rouge_l_recall"], never_trained["retain"]["rouge_l_recall"]),
+        "retain_ratio": cli.retain_ratio,
+        "before": before,
+        "never_trained": never_trained,
+    }
+    if "real_knowledge" in before:
+        kept = min(before["real_knowledge"]["mean"], never_trained["real_knowledge"]["mean"])
+        region["real_knowledge_mean_min"] = cli.retain_ratio * kept
+    if "fluency" in never_trained["forget"]:
+        # fluent answers the never-trained model did not write: the target's, before unlearning
+        region["fluent_nll"] = before["forget"].get("fluency", {}).get("reference_nll")
+    return region
+
+
+def region_misses(row: dict, region: dict) -> dict[str, float | bool]:
+    """Each condition of the region ``row`` fails, with how far it is from the edge (``fluent``: False when the
+    forget answers are not fluent like the never-trained model's; fluency is only judged where it was measured)."""
     forget = row["forget"]
-    kept_knowledge = (
-        "real_knowledge_utility_min" not in region
-        or row["real_knowledge"]["utility"] >= region["real_knowledge_utility_min"]
-    )
-    return (
-        forget["rouge_l_recall"] <= region["forget_rouge_l_recall_max"]
-        and abs(forget["membership_auc"] - region["membership_auc_reference"]) <= region["membership_tolerance"]
-        and row["retain"]["rouge_l_recall"] >= region["retain_rouge_l_recall_min"]
-        and kept_knowledge
-    )
+    misses: dict[str, float | bool] = {}
+    over = forget["rouge_l_recall"] - region["forget_rouge_l_recall_max"]
+    if over > 0:
+        misses["forget_rouge_l_recall"] = over
+    off = abs(forget["membership_auc"] - region["membership_auc_reference"]) - region["membership_tolerance"]
+    if off > 0:
+        misses["membership_auc"] = off if forget["membership_auc"] > region["membership_auc_reference"] else -off
+    under = row["retain"]["rouge_l_recall"] - region["retain_rouge_l_recall_min"]
+    if under < 0:
+        misses["retain_rouge_l_recall"] = under
+    if "real_knowledge_mean_min" in region and "real_knowledge" in row:
+        short = row["real_knowledge"]["mean"] - region["real_knowledge_mean_min"]
+        if short < 0:
+            misses["real_knowledge_mean"] = short
+    fluency = forget.get("fluency")
+    if fluency is not None and "fluency" in region["never_trained"]["forget"]:
+        never = region["never_trained"]["forget"]["fluency"]
+        if not fluent_like(fluency, never, fluent_nll=region.get("fluent_nll")):
+            misses["fluent"] = False
+    return misses
+
+
+def in_region(row: dict, region: dict) -> bool:
+    """Forget side like the never-trained model's (reproduced no more, as recognisable, as fluent), kept side kept
+    (retain and, on TOFU, real knowledge): :func:`region_misses` finds nothing."""
+    return not region_misses(row, region)
 
 
 def save_partial(output_dir: str, region: dict, runs: dict) -> None:
@@ -401,17 +447,14 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
     if lm_eval is not None:
         before["lm_eval"] = lm_eval(target_model, tokenizer)
         never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
-    region = {
-        "forget_rouge_l_recall_max": never_trained["forget"]["rouge_l_recall"] + cli.forget_rouge_tolerance,
-        "membership_auc_reference": never_trained["forget"]["membership_auc"],
-        "membership_tolerance": cli.membership_tolerance,
-        "retain_rouge_l_recall_min": cli.retain_ratio * before["retain"]["rouge_l_recall"],
-        "retain_ratio": cli.retain_ratio,
-        "before": before,
-        "never_trained": never_trained,
-    }
-    if "real_knowledge" in before:
-        region["real_knowledge_utility_min"] = cli.retain_ratio * before["real_knowledge"]["utility"]
+    region = build_region(before, never_trained, cli)
+    region["never_trained_misses"] = region_misses(never_trained, region)
+    if region["never_trained_misses"]:
+        logger.warning(
+            "hf-unlearn compare: the never-trained model lies outside its own region "
+            f"({region['never_trained_misses']}): the region cannot tell a model that never saw the forget set from "
+            "one that did; widen the tolerances."
+        )
     common = dict(
         report_to="none",
         save_strategy="no",
@@ -491,6 +534,7 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
                     # where the stop fired: every probe's forget / never-seen / retain readings
                     "probe_history": record.probe_history,
                     "landed": record.stop_kind == "target" and in_region(row, region),
+                    "misses": region_misses(row, region),
                     **row,
                     **finish(trainer.model, row),
                 }
@@ -534,6 +578,7 @@ def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) ->
                         "measure_seconds": evaluator.measure_seconds,
                         "steps": final["step"],
                         "landed_at_end": in_region(final, region),
+                        "misses": region_misses(first or final, region),
                         "landed_at_some_epoch": first is not None,
                         "time_to_region_seconds": first["seconds"] if first else None,
                         "forget": (first or final)["forget"],
@@ -578,8 +623,10 @@ __all__ = [
     "BASELINES",
     "CompareArguments",
     "CompareSetting",
+    "build_region",
     "in_region",
     "parse_overrides",
+    "region_misses",
     "race",
     "summarize_runs",
 ]

@@ -11,16 +11,37 @@ def fmt(value: Any, spec: str = ".1f") -> str:
     return "never" if value is None else format(value, spec)
 
 
+def knowledge_text(measured: dict | None) -> str:
+    """Real knowledge as "mean (harmonic mean)" (``real_knowledge_utility``), or "-" where not measured."""
+    if not measured:
+        return "-"
+    return f"{fmt(measured.get('mean'), '.3f')} ({fmt(measured.get('utility'), '.3f')})"
+
+
+def misses_text(misses: dict | None) -> str:
+    """What of the region a run misses, by how much: "AUC +0.004; retain -0.060; not fluent"."""
+    if misses is None:
+        return "-"
+    names = {
+        "forget_rouge_l_recall": "forget ROUGE-L", "membership_auc": "AUC", "retain_rouge_l_recall": "retain",
+        "real_knowledge_mean": "real knowledge",
+    }  # fmt: skip
+    parts = [f"{names[key]} {value:+.3f}" for key, value in misses.items() if key in names]
+    if "fluent" in misses:
+        parts.append("not fluent")
+    return "; ".join(parts) or "in the region"
+
+
 def compare_table(result: dict) -> str:
     masc = result["methods"].get("masc")  # absent when the comparison ran the baselines alone (--masc false)
-    tofu = "real_knowledge_utility_min" in result["region"]
+    tofu = "real_knowledge_mean_min" in result["region"]
     header = (
         "| method | runs landing in the region | best lr (seeds landing) | time to region at best lr (s) | "
         "single run at best lr (s) | grid cost (s) | forget ROUGE-L | membership AUC | forget quality | "
         "retain ROUGE-L | "
     )
     if tofu:
-        header += "real-knowledge utility | "
+        header += "real-knowledge mean (harmonic) | "
     lines = [header + "time / MASC's | MASC's run / grid |", "|---" * (header.count("|") + 1) + "|"]
     for name, row in result["methods"].items():
         if name == "masc":
@@ -33,7 +54,7 @@ def compare_table(result: dict) -> str:
             ratio = "-" if mine is None or masc_time is None else f"{mine / masc_time:.1f}x"
             cost = f"1/{row['grid_seconds'] / masc['single_run_seconds']:.1f}" if masc else "-"
         shown = row["shown"]
-        knowledge = f"{shown['real_knowledge']['utility']:.3f} | " if tofu else ""
+        knowledge = f"{knowledge_text(shown.get('real_knowledge'))} | " if tofu else ""
         lines.append(
             f"| {name} | {landed} | {row['best_learning_rate']:g} ({row['seeds_landed_at_best']}) | "
             f"{fmt(row['time_to_region_seconds'])} | {row['single_run_seconds']:.1f} | {row['grid_seconds']:.1f} | "
@@ -50,14 +71,15 @@ def runs_table(result: dict) -> str:
     never = result["region"]["never_trained"]["forget"].get("fluency", {})
     lines = [
         "| method | lr | seed | steps | landed | forget ROUGE-L | membership AUC | retain ROUGE-L | "
-        "real-knowledge utility | repetitive answers | NLL under never-trained | NF4 forget ROUGE-L (change) | "
-        "seconds | of it probes | of it measuring |",
-        "|---" * 15 + "|",
+        "real-knowledge mean (harmonic) | repetitive answers | NLL under never-trained | "
+        "NF4 forget ROUGE-L (change) | seconds | of it probes | of it measuring | misses the region by |",
+        "|---" * 16 + "|",
         f"| never-trained | | | | | {result['region']['never_trained']['forget']['rouge_l_recall']:.3f} | "
         f"{result['region']['never_trained']['forget']['membership_auc']:.3f} | "
         f"{result['region']['never_trained']['retain']['rouge_l_recall']:.3f} | "
-        f"{fmt(result['region']['never_trained'].get('real_knowledge', {}).get('utility'), '.3f')} | "
-        f"{fmt(never.get('repetitive_share'), '.2f')} | {fmt(never.get('reference_nll'), '.2f')} | | | | |",
+        f"{knowledge_text(result['region']['never_trained'].get('real_knowledge'))} | "
+        f"{fmt(never.get('repetitive_share'), '.2f')} | {fmt(never.get('reference_nll'), '.2f')} | | | | | "
+        f"{misses_text(result['region'].get('never_trained_misses'))} |",
     ]
     for name, runs in result["runs"].items():
         for run in runs:
@@ -74,11 +96,32 @@ def runs_table(result: dict) -> str:
                 f"| {name} | {run['learning_rate']:g} | {run['seed']} | {run['steps']} | {landed} | "
                 f"{run['forget']['rouge_l_recall']:.3f} | {run['forget']['membership_auc']:.3f} | "
                 f"{run['retain']['rouge_l_recall']:.3f} | "
-                f"{fmt(run.get('real_knowledge', {}).get('utility'), '.3f')} | "
+                f"{knowledge_text(run.get('real_knowledge'))} | "
                 f"{fmt((fluency or {}).get('repetitive_share'), '.2f')} | "
                 f"{fmt((fluency or {}).get('reference_nll'), '.2f')} | {nf4_text} | {run['seconds']:.0f} | "
-                f"{fmt(run.get('probe_seconds'), '.0f')} | {fmt(run.get('measure_seconds'), '.0f')} |"
+                f"{fmt(run.get('probe_seconds'), '.0f')} | {fmt(run.get('measure_seconds'), '.0f')} | "
+                f"{misses_text(run.get('misses'))} |"
             )
+    return "\n".join(lines)
+
+
+def answers_section(result: dict) -> str:
+    """Three forget answers of every run beside the never-trained model's (where fluency was measured)."""
+    never = result["region"]["never_trained"]["forget"].get("fluency", {}).get("examples")
+    if not never:
+        return ""
+    lines = ["| run | " + " | ".join(f"answer {n + 1}" for n in range(len(never))) + " |", "|---" * 4 + "|"]
+
+    def row(name: str, answers: list[str]) -> str:
+        cells = [" ".join(str(a).split()).replace("|", "\\|")[:200] for a in answers]
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    lines.append(row("never-trained", never))
+    for name, runs in result["runs"].items():
+        for run in runs:
+            fluency = run["forget"].get("fluency") or (run.get("epochs") or [{}])[-1].get("forget", {}).get("fluency")
+            if fluency and fluency.get("examples"):
+                lines.append(row(f"{name} lr {run['learning_rate']:g} seed {run['seed']}", fluency["examples"]))
     return "\n".join(lines)
 
 
@@ -156,9 +199,20 @@ def write_compare(result: dict, output_dir: str) -> None:
     with open(os.path.join(output_dir, "compare.md"), "w") as f:
         f.write(f"# Methods compared on {result['split']}\n\n{compare_table(result)}\n\n## Every run\n\n")
         f.write(runs_table(result) + "\n")
+        if answers_section(result):
+            f.write("\n## Three forget answers of each run\n\n" + answers_section(result) + "\n")
         if lm_eval_table(result):
             f.write("\n## lm-evaluation-harness\n\n" + lm_eval_table(result) + "\n")
     plot_compare(result, os.path.join(output_dir, "compare.png"))
 
 
-__all__ = ["compare_table", "lm_eval_table", "plot_compare", "runs_table", "write_compare"]
+__all__ = [
+    "answers_section",
+    "compare_table",
+    "knowledge_text",
+    "lm_eval_table",
+    "misses_text",
+    "plot_compare",
+    "runs_table",
+    "write_compare",
+]
