@@ -281,3 +281,62 @@ def test_every_command_spells_the_model_and_data_the_same_way_and_old_spellings_
     # Without a model the command says which flag it needs, before any work.
     assert main(["eval", "--forget_data", "f.json", "--output_dir", str(tmp_path)]) == 1
     assert main(["run", "--model_name_or_path", "m", "--output_dir", str(tmp_path / "r")]) == 1
+
+
+def test_a_lora_run_saved_in_one_folder_loads_elsewhere(tmp_path, local_model_and_data, monkeypatch, caplog, capsys):
+    """`run --model_name_or_path target` (relative) records the base by its absolute path and the SHA-256 of its
+    weights; `eval` from another folder loads it, a moved base is named with the way out (--base_model), and a base
+    whose weights changed is warned about by file."""
+    import hashlib
+    import logging
+    import shutil
+
+    root = local_model_and_data
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    shutil.copytree(root / "model", work / "target")
+    elsewhere.mkdir()
+    monkeypatch.chdir(work)
+    argv = ["run", "--model_name_or_path", "target", "--lora_r", "4", "--lora_target_modules", "c_attn",
+            "--forget_data", str(root / "forget.json"), "--retain_data", str(root / "retain.jsonl"),
+            "--output_dir", "out", "--max_steps", "2",
+            "--report_to", "none", "--use_cpu", "true", "--evaluate", "false"]  # fmt: skip
+    assert main(argv) == 0
+    base, out = str(work / "target"), work / "out"
+    digest = hashlib.sha256((work / "target" / "model.safetensors").read_bytes()).hexdigest()
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    record = json.loads((out / "unlearn_record.json").read_text())
+    assert record["base_model"] == base and record["base_model_weights"] == {"model.safetensors": digest}
+    card = (out / "README.md").read_text()
+    assert f"the local folder `{base}`" in card and digest in card
+
+    monkeypatch.chdir(elsewhere)
+    check = ["eval", "--model_name_or_path", str(out), "--forget_data", str(root / "forget.json"),
+             "--max_examples", "3"]  # fmt: skip
+    with caplog.at_level(logging.WARNING):
+        status = main(check + ["--output_dir", "first"])
+    assert status == 0 and "does not hold the weights" not in caplog.text
+    measured = json.loads((elsewhere / "first" / "eval.json").read_text())["forget"]
+
+    (work / "target").rename(work / "moved")
+    capsys.readouterr()
+    status = main(check + ["--output_dir", "missing"])
+    assert status == 1  # the recorded base is gone: named, with the way out
+    error = capsys.readouterr().err
+    assert f"base model {base!r}" in error and "not there any more" in error and "--base_model PATH" in error
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        status = main(check + ["--output_dir", "moved", "--base_model", "../work/moved"])
+    assert status == 0 and "does not hold the weights" not in caplog.text
+    assert json.loads((elsewhere / "moved" / "eval.json").read_text())["forget"] == measured
+
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(work / "moved" / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 0.01
+    save_file(weights, work / "moved" / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level(logging.WARNING):
+        status = main(check + ["--output_dir", "changed", "--base_model", "../work/moved"])
+    assert status == 0
+    assert f"The base model {work / 'moved'} does not hold the weights" in caplog.text
+    assert "SHA-256 of model.safetensors differs" in caplog.text

@@ -336,3 +336,48 @@ def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model)
     changed = [n for n, p in trainer.model.named_parameters() if n in before and not torch.equal(p, before[n])]
     assert changed and all("lora_" in n for n in changed)
     assert math.isfinite(trainer.record.probe_history[-1]["retain_probability"])  # a finite probe, 4-bit model
+
+
+def test_push_refuses_an_adapter_whose_base_is_a_local_path(tmp_path, monkeypatch, capsys):
+    """An adapter trained on a model loaded from a relative local folder names that folder by its absolute path, so
+    `push` refuses it before any upload and leaves the folder as it was; --base_model_id names the Hub model instead
+    (in the copy that is pushed), --merge_adapter pushes merged weights."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_unlearn.outputs.hub import stage_adapter_on
+
+    make_tiny_model().save_pretrained(tmp_path / "base")  # a local base (a model only: the trainer gets tokens)
+    monkeypatch.chdir(tmp_path)
+    lora = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    args = UnlearnConfig(
+        output_dir="out", max_steps=2, probe_interval=0, stop_on_violation=False,
+        report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = UnlearnTrainer(AutoModelForCausalLM.from_pretrained("base"), args, FORGET, RETAIN, peft_config=lora)
+    trainer.train()
+    trainer.save_model()
+    base, out = str(tmp_path / "base"), str(tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+    before = folder_digest(out)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    push = ["push", "--model_name_or_path", out, "--repo_id", "someone/unlearned"]
+    assert main(push) == 1
+    error = capsys.readouterr().err
+    assert f"the local path {base!r}" in error and "nobody else can load" in error
+    assert "--merge_adapter true" in error and "--base_model_id ORG/NAME" in error
+    assert folder_digest(out) == before
+    # Either way out gets past the check (and then stops at the offline Hub, still changing nothing).
+    for way_out in (["--merge_adapter", "true"], ["--base_model_id", "someone/tiny-base"]):
+        assert main(push + way_out) == 1 and "offline mode is on" in capsys.readouterr().err
+    assert main(push + ["--base_model_id", "./base"]) == 1 and "not a Hub model id" in capsys.readouterr().err
+    assert folder_digest(out) == before
+    # What --base_model_id uploads: a copy whose adapter config, record and card name the Hub model.
+    stage_adapter_on(out, str(tmp_path / "staged"), "someone/tiny-base", "someone/unlearned")
+    staged = tmp_path / "staged"
+    assert json.loads((staged / "adapter_config.json").read_text())["base_model_name_or_path"] == "someone/tiny-base"
+    record = UnlearnRecord.load(str(staged))
+    digest = hashlib.sha256((tmp_path / "base" / "model.safetensors").read_bytes()).hexdigest()
+    assert record.base_model == "someone/tiny-base" and record.base_model_weights == {"model.safetensors": digest}
+    card = (staged / "README.md").read_text()
+    assert "base_model: someone/tiny-base" in card and digest in card and base not in card
+    assert folder_digest(out) == before

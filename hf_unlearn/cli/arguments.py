@@ -241,6 +241,13 @@ class CheckArguments(ModelArguments, QADataArguments, BenchmarkArguments):
     """What the commands that check a saved model share: the model, and the user's own data or a benchmark."""
 
     output_dir: str = field(default=".", metadata={"help": "Where the command's JSON (and Markdown) go."})
+    base_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "For a LoRA adapter folder: the base model to load it on, when it is no longer where the "
+            "adapter's config says (a warning names weights files that differ from the ones the run recorded)."
+        },
+    )
 
 
 @dataclass
@@ -334,4 +341,11 @@ class PushArguments(ModelArguments):
         default=None, metadata={"help": "Hub repository to push to, e.g. you/model-unlearned."}
     )
     merge_adapter: bool = field(default=False, metadata={"help": "Merge a LoRA adapter into its base before pushing."})
+    base_model_id: str | None = field(
+        default=None,
+        metadata={
+            "help": "For a LoRA adapter trained on a local base: the Hub id (ORG/NAME) that base is a copy of; the "
+            "pushed adapter_config.json and card name it instead of the local path."
+        },
+    )
     private: bool | None = field(default=None, metadata={"help": "Create the repository as private."})

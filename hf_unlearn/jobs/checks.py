@@ -29,9 +29,16 @@ def run_quant_check_job(cli: Any) -> dict:
 
     record = saved_record(cli.model_name_or_path)
     forget, retain, prompt_template = check_data(cli, record, "quant-check")
-    _, tokenizer = load_model_and_tokenizer(cli.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path, base_model=cli.base_model)
+    # A LoRA adapter folder is checked merged into its base; a saved whole model is reloaded from its folder.
+    adapter = os.path.isfile(os.path.join(cli.model_name_or_path, "adapter_config.json"))
     result = check_quantization_robustness(
-        cli.model_name_or_path, tokenizer, forget, retain, modes=tuple(cli.modes), prompt_template=prompt_template
+        model if adapter else cli.model_name_or_path,
+        tokenizer,
+        forget,
+        retain,
+        modes=tuple(cli.modes),
+        prompt_template=prompt_template,
     )
     write_check(cli, record, "quant_check.json", result, quantization=result)
     print(quantization_table(result))
@@ -73,7 +80,7 @@ def run_relearn_check_job(cli: Any) -> dict:
     record = saved_record(cli.model_name_or_path)
     forget, _, prompt_template = check_data(cli, record, "relearn-check")
     relearn = user_records(cli.relearn_data, "relearning", cli) if cli.relearn_data else None
-    model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path, base_model=cli.base_model)
     references = check_models(cli, record)
     result = check_relearning_robustness(
         model,
@@ -125,7 +132,7 @@ def run_audit_job(cli: Any) -> dict:
         from ..benchmarks import load_split
 
         holdout = load_split("holdout")
-    model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path)
+    model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path, base_model=cli.base_model)
     audit = run_audit(
         model,
         tokenizer,
@@ -259,7 +266,9 @@ def run_eval_job(cli: Any) -> dict:
         for name, path in (("forget", forget_path), ("retain", cli.retain_data), ("holdout", cli.holdout_data))
     }
     prompt_template = recorded_prompt_template(cli, record)
-    model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path, cli.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(
+        cli.model_name_or_path, cli.trust_remote_code, base_model=cli.base_model
+    )
     reference = None
     reference_model = None
     if cli.reference_eval:

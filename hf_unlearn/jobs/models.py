@@ -10,8 +10,10 @@ from transformers.utils import logging
 
 from ..data.examples import ensure_pad_token
 from ..data.loaders import TOKENIZER_FILES, looks_like_path, missing_path_error, offline_hint
+from ..training.base_model import changed_weights, local_folder
 from ..training.callbacks import report_progress_in
 from ..training.config import UnlearnConfig
+from ..training.record import RECORD_FILE, UnlearnRecord
 from ..training.trainer import UnlearnTrainer
 
 logger = logging.get_logger(__name__)
@@ -23,18 +25,28 @@ def load_model_and_tokenizer(
     dtype: str = "auto",
     load_in_4bit: bool = False,
     tokenizer_name: str | None = None,
+    base_model: str | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer by local path or Hub id (no remote code unless asked).
 
     A name that looks like a local path must exist, and a local model folder must hold a model (``config.json`` or
     a PEFT ``adapter_config.json``) and, unless ``tokenizer_name`` says where it is, a tokenizer: each is named in
     the error. ``load_in_4bit`` loads the base in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
+    A LoRA adapter folder is merged into its base (:func:`adapter_base`): ``base_model`` when given, else the one its
+    ``adapter_config.json`` names.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_model_location(name, tokenizer_name)
     if tokenizer_name is not None:
         check_model_location(tokenizer_name, None, need_model=False)
+    adapter = os.path.isfile(os.path.join(name, "adapter_config.json")) and not load_in_4bit
+    if base_model is not None and not adapter:
+        raise ValueError(
+            f"--base_model {base_model!r} is the base of a LoRA adapter folder, but {name!r} holds no adapter "
+            "(no adapter_config.json): leave --base_model out."
+        )
+    base = adapter_base(name, base_model) if adapter else None
     extra: dict[str, Any] = {}
     if load_in_4bit:
         from ..robustness.quantize import quantization_config
@@ -42,22 +54,27 @@ def load_model_and_tokenizer(
         extra["quantization_config"] = quantization_config("nf4")
     try:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_name or name, trust_remote_code=trust_remote_code)
-        if os.path.isfile(os.path.join(name, "adapter_config.json")) and not load_in_4bit:
+        if base is not None:
             # A LoRA output (an earlier unlearning run): merged into its base, so that it trains like any model
             # (loaded as an adapter its weights would all be frozen) and a new adapter, if asked, starts from it.
-            from peft import AutoPeftModelForCausalLM
+            from peft import PeftModel
 
-            model = AutoPeftModelForCausalLM.from_pretrained(
-                name, trust_remote_code=trust_remote_code, dtype=dtype
-            ).merge_and_unload()
+            model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=trust_remote_code, dtype=dtype)
+            model = PeftModel.from_pretrained(model, name).merge_and_unload()
             model.requires_grad_(True)  # PEFT froze the base weights
-            logger.info(f"{name} holds a LoRA adapter: merged into its base model for this run.")
+            logger.info(f"{name} holds a LoRA adapter: merged into its base model {base} for this run.")
         else:
             model = AutoModelForCausalLM.from_pretrained(
                 name, trust_remote_code=trust_remote_code, dtype=dtype, **extra
             )
     except OSError as error:
-        raise RuntimeError(offline_hint(f"Could not load model {name!r}", error)) from error
+        on_base = (
+            f" (a LoRA adapter on the base model {base!r}; if the base is elsewhere, pass its folder with "
+            "--base_model PATH)"
+            if base is not None
+            else ""
+        )
+        raise RuntimeError(offline_hint(f"Could not load model {name!r}{on_base}", error)) from error
     except ValueError as error:
         raise ValueError(
             f"{name!r} cannot be loaded as a causal language model (AutoModelForCausalLM): {error}"
@@ -70,6 +87,42 @@ def load_model_and_tokenizer(
         keep_4bit_layers_trainable(model)
     ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+def adapter_base(name: str, base_model: str | None = None) -> str:
+    """The base model the LoRA adapter folder ``name`` is loaded on: ``base_model`` when given (the base moved),
+    else the one its ``adapter_config.json`` names. A local base that is not there is an error naming it and
+    ``--base_model``; when the base is a local folder and the adapter's run record holds the SHA-256 of the weights it
+    was trained on, a base whose weights differ is warned about, naming the files."""
+    from peft import PeftConfig
+
+    recorded = PeftConfig.from_pretrained(name).base_model_name_or_path
+    base = base_model or recorded
+    if not base:
+        raise ValueError(
+            f"{name!r}'s adapter_config.json names no base model; pass its folder with --base_model PATH."
+        )
+    if looks_like_path(base) and not os.path.exists(os.path.expanduser(base)):
+        if base_model is not None:
+            raise missing_path_error(base_model, "The base model folder (--base_model)")
+        raise FileNotFoundError(
+            f"{name!r} is a LoRA adapter of the base model {recorded!r} (its adapter_config.json), which is not "
+            "there any more. Pass the folder it is in now with --base_model PATH (eval, quant-check, relearn-check, "
+            "audit), or put it back."
+        )
+    folder = local_folder(base)
+    recorded_weights = (
+        UnlearnRecord.load(name).base_model_weights if os.path.isfile(os.path.join(name, RECORD_FILE)) else None
+    )
+    if folder is not None and recorded_weights:
+        changed = changed_weights(recorded_weights, folder)
+        if changed:
+            logger.warning(
+                f"The base model {folder} does not hold the weights the adapter {name!r} was trained on: the SHA-256 "
+                f"of {', '.join(changed)} differs from the one in its {RECORD_FILE} (base_model_weights). What is "
+                "measured is that adapter on other weights; pass the original base with --base_model PATH."
+            )
+    return folder or base
 
 
 def earlier_requests_of(name: str) -> list[dict[str, Any]] | None:

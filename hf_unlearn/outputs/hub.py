@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import tempfile
 
 from ..training.ledger import LEDGER_FILE
-from ..training.record import RECORD_FILE
+from ..training.record import RECORD_FILE, UnlearnRecord
+
+ADAPTER_CONFIG = "adapter_config.json"
 
 
 def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) -> None:
@@ -36,50 +40,117 @@ def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) ->
         ) from error
 
 
-def push_folder(model_dir: str, repo_id: str, merge_adapter: bool = False, private: bool | None = None) -> str:
+def push_folder(
+    model_dir: str,
+    repo_id: str,
+    merge_adapter: bool = False,
+    private: bool | None = None,
+    base_model_id: str | None = None,
+) -> str:
     """Push a saved unlearned model (with its README.md model card) to ``repo_id``; returns the repo URL.
 
     A LoRA output is pushed as the adapter, or with ``merge_adapter`` merged into its base model first (the card
-    is kept either way). Fails before anything is written when the Hub is unreachable.
+    is kept either way). An adapter whose base is a local path, which nobody else can load, is refused unless it is
+    merged or ``base_model_id`` names the Hub model that base is a copy of: the pushed ``adapter_config.json``, run
+    record and card then name that id (the folder itself keeps the local path). Fails before anything is written
+    when the adapter's base or the Hub is not usable.
     """
     from huggingface_hub import HfApi
 
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir!r} is not a folder; pass the output_dir of an unlearning run.")
+    check_adapter_base(model_dir, merge_adapter, base_model_id)
     ensure_hub_reachable(model_dir)
     _card_for_repo(model_dir, repo_id)
     api = HfApi()
     url = api.create_repo(repo_id, private=private, exist_ok=True)
-    is_adapter = os.path.exists(os.path.join(model_dir, "adapter_config.json"))
-    if merge_adapter and is_adapter:
-        import tempfile
-
-        from peft import AutoPeftModelForCausalLM
-        from transformers import AutoTokenizer
-
-        merged = AutoPeftModelForCausalLM.from_pretrained(model_dir).merge_and_unload()
-        with tempfile.TemporaryDirectory() as staging:
-            merged.save_pretrained(staging)
-            AutoTokenizer.from_pretrained(model_dir).save_pretrained(staging)
-            # The card, the run record and the request ledger travel with the merged weights.
-            for name in ("README.md", RECORD_FILE, LEDGER_FILE):
-                if os.path.exists(os.path.join(model_dir, name)):
-                    shutil.copyfile(os.path.join(model_dir, name), os.path.join(staging, name))
+    is_adapter = os.path.exists(os.path.join(model_dir, ADAPTER_CONFIG))
+    with tempfile.TemporaryDirectory() as staging:
+        if merge_adapter and is_adapter:
+            stage_merged(model_dir, staging)
             api.upload_folder(folder_path=staging, repo_id=repo_id, commit_message="Unlearned model (merged LoRA)")
-    else:
-        api.upload_folder(
-            folder_path=model_dir,
-            repo_id=repo_id,
-            commit_message="Unlearned model",
-            ignore_patterns=["checkpoint-*", "runs/*"],
-        )
+        elif base_model_id is not None:
+            stage_adapter_on(model_dir, staging, base_model_id, repo_id)
+            api.upload_folder(
+                folder_path=staging, repo_id=repo_id, commit_message=f"Unlearned model (LoRA on {base_model_id})"
+            )
+        else:
+            api.upload_folder(
+                folder_path=model_dir,
+                repo_id=repo_id,
+                commit_message="Unlearned model",
+                ignore_patterns=["checkpoint-*", "runs/*"],
+            )
     return str(url)
+
+
+def check_adapter_base(model_dir: str, merge_adapter: bool = False, base_model_id: str | None = None) -> None:
+    """Refuse, before anything is written or uploaded, to push a LoRA adapter whose base model is a local path (its
+    ``adapter_config.json``'s ``base_model_name_or_path``), unless it is merged or ``base_model_id`` is given; and a
+    ``base_model_id`` that is not an ``ORG/NAME`` Hub id, or that has no adapter to go with."""
+    from ..training.base_model import names_local_path
+    from .model_card import is_hub_id
+
+    config_path = os.path.join(model_dir, ADAPTER_CONFIG)
+    if base_model_id is not None:
+        if not os.path.isfile(config_path):
+            raise ValueError(
+                f"--base_model_id names the Hub base of a LoRA adapter, but {model_dir!r} holds a whole model (no "
+                f"{ADAPTER_CONFIG}): leave it out."
+            )
+        if merge_adapter:
+            raise ValueError(
+                "--merge_adapter true pushes merged weights, which need no base; --base_model_id is for pushing the "
+                "adapter itself. Pass one of them."
+            )
+        if names_local_path(base_model_id) or not is_hub_id(base_model_id):
+            raise ValueError(f"--base_model_id {base_model_id!r} is not a Hub model id of the form ORG/NAME.")
+        return
+    if merge_adapter or not os.path.isfile(config_path):
+        return
+    with open(config_path) as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if names_local_path(base):
+        raise ValueError(
+            f"{model_dir!r} is a LoRA adapter whose base model is the local path {base!r} (base_model_name_or_path "
+            f"in its {ADAPTER_CONFIG}), which nobody else can load. Push it merged into that base with "
+            "--merge_adapter true, or name the Hub model the base is a copy of with --base_model_id ORG/NAME (the "
+            f"pushed {ADAPTER_CONFIG} then names it). Nothing was written or uploaded."
+        )
+
+
+def stage_merged(model_dir: str, staging: str) -> None:
+    """The adapter merged into its base, with the tokenizer, card, run record and request ledger, in ``staging``."""
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoTokenizer
+
+    AutoPeftModelForCausalLM.from_pretrained(model_dir).merge_and_unload().save_pretrained(staging)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(staging)
+    for name in ("README.md", RECORD_FILE, LEDGER_FILE):
+        if os.path.exists(os.path.join(model_dir, name)):
+            shutil.copyfile(os.path.join(model_dir, name), os.path.join(staging, name))
+
+
+def stage_adapter_on(model_dir: str, staging: str, base_model_id: str, repo_id: str) -> None:
+    """A copy of the adapter folder in ``staging`` whose adapter config, run record and card name ``base_model_id``
+    as the base (the record keeps the SHA-256 of the local copy's weights files, so that others can compare theirs;
+    not the local path)."""
+    shutil.copytree(model_dir, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns("checkpoint-*", "runs"))
+    config_path = os.path.join(staging, ADAPTER_CONFIG)
+    with open(config_path) as f:
+        config = json.load(f)
+    with open(config_path, "w") as f:
+        json.dump({**config, "base_model_name_or_path": base_model_id}, f, indent=2)
+    if os.path.isfile(os.path.join(staging, RECORD_FILE)):
+        from .model_card import write_model_card
+
+        record = UnlearnRecord.load(staging).update(base_model=base_model_id)
+        record.save(staging)
+        write_model_card(record, staging, repo_id=repo_id)
 
 
 def _card_for_repo(model_dir: str, repo_id: str) -> None:
     """Rewrite the folder's model card from its run record so that it loads from ``repo_id`` (not a local path)."""
-    from ..training.record import RECORD_FILE, UnlearnRecord
-
     if os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
         from .model_card import write_model_card
 

@@ -66,9 +66,23 @@ def _introduction(record: UnlearnRecord) -> str:
     return text
 
 
+def _base_rows(record: UnlearnRecord) -> list[tuple[str, str]]:
+    """Which base model the weights (an adapter: the base it loads on) need: a Hub id, or a local folder, with the
+    SHA-256 of each of its weights files when the run recorded them."""
+    base, weights = record.base_model, record.base_model_weights or {}
+    if not base:
+        return []
+    text = f"[{base}](https://huggingface.co/{base})" if is_hub_id(base) else f"the local folder `{base}`"
+    if weights:
+        text += "; trained on a copy whose" if is_hub_id(base) else ";"
+        text += " weights files have SHA-256 " + ", ".join(f"`{name}`: `{digest}`" for name, digest in weights.items())
+    return [("Base model" + (" (the adapter loads on it)" if record.adapter else ""), text)]
+
+
 def _record_rows(record: UnlearnRecord) -> str:
     papers = {paper["title"]: paper["url"] for paper in record.papers}
     rows = [("Method", f"`{record.method}`")]
+    rows += _base_rows(record)
     objectives = f"forget `{record.forget_objective}`, retain `{record.retain_objective}`"
     rows.append(("Objectives", objectives))
     if record.gradient_surgery == "sum":

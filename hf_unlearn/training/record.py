@@ -29,8 +29,11 @@ class UnlearnRecord:
         hyperparameters: the training settings that shape the run, then each objective's own (from its
             registration), then the stopping rule's when it was on.
         papers: ``{"title", "url", "authors"}`` of every method that shaped the run.
-        base_model: the model's ``name_or_path`` (a Hub id or a local folder); ``adapter``: the PEFT method
-            (``"lora"``) when adapters were trained, else ``None``.
+        base_model: the model's ``name_or_path``: a Hub id, or a local folder by its absolute path
+            (:mod:`hf_unlearn.training.base_model`); ``adapter``: the PEFT method (``"lora"``) when adapters were
+            trained, else ``None``.
+        base_model_weights: file name -> SHA-256 of each weights file of a local base (``None`` for a Hub id), written
+            when the run is saved: what a LoRA adapter's base must hold.
         forget_dataset / retain_dataset: ``{"name", "num_examples"}`` (``name`` ``None`` when unknown), the forget
             one with ``num_trained`` and ``num_held_out`` (examples kept out of training for the stopping probe).
         calibration_dataset: ``{"name", "num_examples"}`` of the never-trained examples a calibrated stopping rule
@@ -78,6 +81,7 @@ class UnlearnRecord:
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     papers: list[dict[str, str]] = field(default_factory=list)
     base_model: str | None = None
+    base_model_weights: dict[str, str] | None = None
     adapter: str | None = None
     forget_dataset: dict[str, Any] | None = None
     retain_dataset: dict[str, Any] | None = None

@@ -35,6 +35,7 @@ from ..data.pairing import (
 from ..objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
 from ..objectives.registry import resolve_hyperparameters
 from ..surgery import SurgeryBuffers
+from .base_model import anchored_base, with_base_weights
 from .callbacks import (
     ObjectiveStateCallback,
     RetainPairingCallback,
@@ -139,7 +140,7 @@ class UnlearnTrainer(Trainer):
         args = resolved_for_data(args, calibration_dataset is not None)
         if processing_class is not None:
             ensure_pad_token(processing_class)
-        model = self._prepare_model(model, args, peft_config)
+        model = self._prepare_model(anchored_base(model), args, peft_config)  # a local base by its absolute path
         if ref_model is None and any(objective.needs_reference(args) for objective in self._objectives()):
             ref_model = make_reference(model, is_peft_model(model), args.reference_dtype)
         if ref_model is not None and ref_model is not ZERO3_COPY:
@@ -642,7 +643,7 @@ class UnlearnTrainer(Trainer):
     def _write_record_and_card(self, output_dir: str) -> None:
         from ..outputs.model_card import write_model_card
 
-        record = self.record if self.record.complete else self._make_record(final=False)
+        record = with_base_weights(self.record if self.record.complete else self._make_record(final=False))
         record.save(output_dir)
         save_ledger(full_ledger(record), output_dir)
         write_model_card(record, output_dir, repo_id=self.args.hub_model_id)
