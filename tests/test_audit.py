@@ -75,14 +75,14 @@ def test_a_quantization_check_that_quantized_nothing_is_not_judged(setting):
     assert quantized_and_kept(result["nf4"]) == (0, 4) and result["int8"]["measured"] is True
     verdict = quantization_verdict(result, ("nf4", "int8"))
     assert verdict["passed"] is None
-    assert verdict["finding"].startswith("not judged: nf4 not measured: only 0 of 4 linear layers were quantized")
+    assert verdict["finding"].startswith("nf4 not measured: only 0 of 4 linear layers were quantized")
     assert quantization_verdict(result, ("int8",))["passed"] is not None  # 8 bits alone: measured, judged
     record = UnlearnRecord(
         method="ga", forget_objective="ga", retain_objective="none", audit={"verdicts": {"quantization": verdict}}
     )
     record.update(quantization=result)
     card = str(build_model_card(record, "out"))
-    assert "| quantization | not judged | not judged: nf4 not measured: only 0 of 4" in card
+    assert "| quantization | not judged | nf4 not measured: only 0 of 4" in card
     assert "| quantization | passed |" not in card and "Not measured in nf4: only 0 of 4" in card
     # Knowledge that came back in a measured mode fails the check, whatever the other mode.
     result["int8"]["knowledge_returned"] = True

@@ -143,7 +143,7 @@ def quantization_verdict(quantization: dict[str, Any], modes: Sequence[str]) -> 
         passed, finding = False, f"forgotten knowledge came back after {', '.join(came_back)}"
         finding += f" ({reasons})" if reasons else ""
     elif unmeasured:
-        passed, finding = None, f"not judged: {reasons}"
+        passed, finding = None, reasons  # shown as "not judged", with why
     else:
         passed, finding = True, "held"
     return {
