@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from transformers.utils import logging as hf_logging
-
 BITSANDBYTES_CPU_LOGGER = "bitsandbytes.backends.cpu.ops"
 #: The start of bitsandbytes' warning when its optional kernel package is missing (bitsandbytes 0.49-0.50).
 OPTIONAL_KERNEL_NOTE = "Failed to load CPU gemm_4bit_forward from kernels-community"
@@ -22,8 +20,6 @@ BUNDLED_KERNEL_INFO = (
     "bitsandbytes: 4-bit matmuls on this CPU (AVX-512 BF16) use the kernel bitsandbytes ships (libbitsandbytes_cpu), "
     "not kernels-community's, which needs the optional `kernels` package ({error})."
 )
-
-logger = hf_logging.get_logger(__name__)
 
 
 class OptionalKernelNoteFilter(logging.Filter):
@@ -34,7 +30,10 @@ class OptionalKernelNoteFilter(logging.Filter):
         if not str(record.msg).startswith(OPTIONAL_KERNEL_NOTE):
             return True
         error = record.args[0] if isinstance(record.args, tuple) and record.args else "not installed"
-        logger.info(BUNDLED_KERNEL_INFO.format(error=error))
+        # Imported here: bitsandbytes only speaks once transformers imported it, and `hf-unlearn --help` stays light.
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.get_logger(__name__).info(BUNDLED_KERNEL_INFO.format(error=error))
         return False
 
 

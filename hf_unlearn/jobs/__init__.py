@@ -8,8 +8,8 @@ from .compare import CompareArguments
 from .compare_setups import run_compare
 from .demo import run_demo
 from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
-from .sequence import ForgetRequest, SequenceResult, unlearn_sequentially
-from .unlearn import run_sequence_job, run_unlearning_job, unlearn_and_report
+from .sequence import ForgetRequest, SequenceResult, run_sequence_job, unlearn_sequentially
+from .unlearn import run_unlearning_job, unlearn_and_report
 
 __all__ = [
     "CompareArguments",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +21,14 @@ from typing import Any
 from transformers.utils import logging
 
 from ..data.examples import as_records_dataset, build_qa_dataset
+from ..data.loaders import load_records
 from ..data.prompts import describe_prompt_format
 from ..evaluation.bundle import measure_qa_sets
+from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
 from ..training.ledger import full_ledger, ledger_markdown, save_ledger
-from .models import build_trainer
+from ..training.output_dir import prepare_output_dir
+from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
 
 logger = logging.get_logger(__name__)
 
@@ -285,10 +289,76 @@ def sequence_markdown(result: SequenceResult) -> str:
     return "\n".join(lines)
 
 
+def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
+    """`hf-unlearn sequence`: forget requests one after another
+    (:func:`hf_unlearn.jobs.sequence.unlearn_sequentially`).
+
+    Without ``--model_name_or_path`` it runs on the embedded benchmark: its target model, one request per author of
+    the forget split, the matching retain split and the calibration authors. Everything given is read and checked
+    before the first request trains."""
+    prepare_output_dir(config.output_dir, config.overwrite_output_dir)
+    start = time.perf_counter()
+    peft_config = lora_config(sequence_args.lora_r, sequence_args.lora_target_modules)
+    if sequence_args.model_name_or_path is None:
+        from ..benchmarks import learn_target_model, load_split, retain_split_for
+
+        if sequence_args.requests:
+            raise ValueError("--requests are forget sets of your own model: give --model_name_or_path too.")
+        forget = load_split(sequence_args.split)
+        authors = list(dict.fromkeys(forget["author"]))
+        if not 1 <= sequence_args.num_requests <= len(authors):
+            raise ValueError(
+                f"--num_requests must be between 1 and {len(authors)}: {sequence_args.split} has {len(authors)} "
+                "authors, one request each."
+            )
+        requests = [
+            (f"author {name}", forget.filter(lambda r, name=name: r["author"] == name))
+            for name in authors[: sequence_args.num_requests]
+        ]
+        retain = load_split(retain_split_for(sequence_args.split))
+        calibration = load_split("calibration")
+        model, tokenizer, _ = learn_target_model(
+            cache_dir=sequence_args.cache_dir, architecture=sequence_args.architecture
+        )
+    else:
+        if not sequence_args.requests:
+            raise ValueError("Give the forget requests in order: --requests first.json second.json ...")
+        requests = [
+            (os.path.splitext(os.path.basename(os.path.normpath(path)))[0], load_records(path))
+            for path in sequence_args.requests
+        ]
+        retain = load_records(sequence_args.retain_data) if sequence_args.retain_data else None
+        calibration = load_records(sequence_args.calibration_data) if sequence_args.calibration_data else None
+        model, tokenizer = load_model_and_tokenizer(sequence_args.model_name_or_path)
+    name = sequence_args.model_name_or_path
+    earlier = earlier_requests_of(name) if name is not None else None
+    result = unlearn_sequentially(
+        model,
+        tokenizer,
+        requests,
+        retain,
+        config,
+        peft_config=peft_config,
+        calibration_records=calibration,
+        prompt_template=sequence_args.prompt_template,
+        question_column=sequence_args.question_column,
+        answer_column=sequence_args.answer_column,
+        max_eval_examples=sequence_args.max_eval_examples,
+        earlier_requests=earlier,
+    )
+    print("\n" + sequence_markdown(result))
+    print(
+        f"\nSequence of {len(requests)} requests in {time.perf_counter() - start:.0f} s. Written: "
+        f"{', '.join(result.paths.values())}"
+    )
+    return result
+
+
 __all__ = [
     "CAME_BACK_THRESHOLD",
     "ForgetRequest",
     "earlier_requests_back",
+    "run_sequence_job",
     "SequenceResult",
     "sequence_markdown",
     "unlearn_sequentially",

@@ -1,6 +1,6 @@
 """MASC, margin self-correction (Di Gennaro, Shevchenko, Yang, arXiv 2606.02920): the buffered hinge on the restricted
-margin of each forgotten token against the model's top-k alternatives (§3), and (its retain terms, NLL and KL, are
-in :mod:`.retain`)."""
+margin of each forgotten token against the model's top-k alternatives (§3). Its retain terms, NLL and KL, are in
+:mod:`.retain`; the margin itself is in :mod:`.margin`."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
 
     The threshold is tau = log(rho / (1 - rho)) for every token (the paper), or with ``masc_threshold=
     "calibration"`` (beyond the paper) each token's never-seen counterpart: the calibration set's margin at the
-    token's rank among the batch's forget tokens (:func:`~hf_unlearn.margin.calibrated_thresholds`), so the hinge
-    pushes the forget set's margins down to the distribution of data the model never saw, not below it.
+    token's rank among the batch's forget tokens (:func:`~hf_unlearn.objectives.margin.calibrated_thresholds`), so the
+    hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it.
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)

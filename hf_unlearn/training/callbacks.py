@@ -30,8 +30,8 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     (pi^2 (j+1)^2)``, must be instead. With ``target="calibration"`` (beyond the paper) the run stops once the forget
     answers look no more familiar to the model than data of the same kind it never trained on (the calibration set,
     measured under the current model at the same probe): the calibration gap, the mean excess of the forget set's
-    sorted margins over the never-seen margins at the same quantiles (:func:`~hf_unlearn.margin.calibration_gap`),
-    is <= ``calibration_slack`` logits.
+    sorted margins over the never-seen margins at the same quantiles
+    (:func:`~hf_unlearn.objectives.margin.calibration_gap`), is <= ``calibration_slack`` logits.
 
     Utility floor: when the retain answer probability at a probe is below ``utility_floor`` times its value at the
     start of training, the run stops as a failure (``stop_kind == "utility_floor"``), whatever the forget side says.

@@ -203,8 +203,8 @@ class UnlearnConfig(TrainingArguments):
         metadata={
             "help": "Stop as a failure when the retain answer probability at a probe falls below this fraction of "
             "its value at the start of training (0 or None: off; needs a retain set). The default catches a "
-            "collapse, not the transient dip of a large learning rate's first steps (measured on the demo at lr "
-            "1e-3: 0.43x at step 3, back to 0.86x by step 22)."
+            "collapse, not the transient dip of a large learning rate's first steps "
+            "(docs/studies/calibrated_target.md)."
         },
     )
     restore_on_failure: bool = field(
@@ -248,7 +248,7 @@ class UnlearnConfig(TrainingArguments):
             "saw the forget data gives data of that kind (no probe cost after the start). 'current': re-measured "
             "under the model being trained (near the stop and every calibration_refresh_every probes): it follows "
             "the model, including the damage unlearning does to similar never-seen data, and the stop chases it "
-            "(measured on TOFU with SmolLM2: the never-seen violation rate fell 0.53 -> 0.36 during one run)."
+            "(docs/studies/tofu_compare.md)."
         },
     )
     calibration_refresh_margin: float | None = field(

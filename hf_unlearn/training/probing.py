@@ -141,9 +141,8 @@ class ProbeState:
         [violation fraction, answer probability, examples] (and the token margins, for the calibrated target). They
         are what a probe would measure on these examples in eval mode (no dropout: checked at construction), at the
         weights of the step that trained on them. The retain batches only screen the utility floor
-        (:meth:`accumulate_retain`): it needs the current weights and more than one batch to decide (measured: the
-        running retain probability lags an update behind and swings 0.41-0.88 between 4-example windows where a
-        fixed 64-example sample reads 0.48-0.82)."""
+        (:meth:`accumulate_retain`): it needs the current weights and more than one batch to decide (the running retain
+        probability lags an update behind and swings far more than a fixed sample: docs/stopping.md)."""
         logits = logits.detach()
         probabilities, scored = answer_probabilities(logits, labels)
         shifted, shifted_labels = shift_for_causal_lm(logits, labels)

@@ -1,0 +1,392 @@
+"""What a measurement of a pretrained model costs, part by part, against the plain-transformers floor of the same work.
+
+    OMP_NUM_THREADS=1 python benchmarks/eval_py --tofu-dir ../shared/tofu [--quick] [--skip-nf4]
+
+Two measurements of SmolLM2-135M-Instruct as shipped (:func:`hf_unlearn.benchmarks.pretrained.load_smollm2`; the
+cost does not depend on whether the model was fine-tuned, so nothing is learned here) on TOFU's real rows, split as
+``hf-unlearn compare --benchmark tofu --num_retain_authors 1 --real_knowledge_size 25`` splits them (40 forget, 20
+retain, 40 holdout questions, 25 questions of each real-knowledge set):
+
+* ``eval``: what ``hf-unlearn eval`` measures with forget, retain and holdout files
+  (:func:`~hf_unlearn.evaluation.suites.evaluate_benchmark` on :func:`~hf_unlearn.evaluation.suites.
+  qa_evaluation_sets`);
+* ``compare``: compare's TOFU measurement of one model (:meth:`hf_unlearn.jobs.compare.CompareSetting.measure`, with
+  fluency), and the NF4 check of a final model (:func:`hf_unlearn.jobs.compare.nf4_forget_check`).
+
+Each is timed whole, then part by part (each part calls the library the way the measurement does; when the library
+changes how it measures, the parts change with it: the study page says which commit each table ran). Per part: seconds,
+tokens put through the model (padding included, every forward call counted, each decoding step of a batch too), and
+the ratio to a floor measured in the same run on the same tokens: one batched forward (batches of 32 sorted by
+length, no LM-head trimming) over the part's sequences, plus one batched forward+backward for the gradient-norm
+attack; for generation, transformers' batched greedy ``generate`` (batches of 32 in the data's order) of the same
+prompts with the same token budget. ``--quick``: 5 questions per author and 5 per real-knowledge set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from hf_unlearn.benchmarks.pretrained import load_smollm2  # noqa: E402
+from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, tofu_sets  # noqa: E402
+from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa  # noqa: E402
+from hf_unlearn.data.loaders import load_tofu_folder  # noqa: E402
+from hf_unlearn.data.prompts import prompt_and_completion  # noqa: E402
+from hf_unlearn.evaluation.bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, qa_membership_auc  # noqa: E402
+
+# The parts of each measurement, each called the way the measurement calls the library.
+from hf_unlearn.evaluation.fluency import reference_nll  # noqa: E402
+from hf_unlearn.evaluation.membership import FORWARD_ATTACKS, gradient_norms, membership_scores  # noqa: E402
+from hf_unlearn.evaluation.metrics import (  # noqa: E402
+    GENERATION_BATCH_SIZE,
+    answer_probability,
+    default_max_new_tokens,
+    generate_answers,
+    option_scores,
+    pad_token_id_of,
+    truth_ratios,
+)
+from hf_unlearn.evaluation.scoring import score_qa_records  # noqa: E402
+from hf_unlearn.evaluation.suites import evaluate_benchmark, qa_evaluation_sets  # noqa: E402
+from hf_unlearn.jobs.compare import CompareSetting, nf4_forget_check  # noqa: E402
+from hf_unlearn.objectives.margin import threshold_from_probability  # noqa: E402
+
+
+def questions_answers(records: Sequence[dict]) -> tuple[list[str], list[str]]:
+    return [r["question"] for r in records], [r["answer"] for r in records]
+
+
+def run_eval(model: Any, tokenizer: Any, forget: Any, retain: Any, holdout: Any) -> dict:
+    sets = qa_evaluation_sets(tokenizer, forget, retain, holdout)
+    return evaluate_benchmark(model, tokenizer, "your data", sets=sets)
+
+
+def eval_generation(model: Any, tokenizer: Any, *sets: Sequence[dict]) -> None:
+    for records in sets:
+        questions, answers = questions_answers(records)
+        generate_answers(
+            model, tokenizer, questions, default_max_new_tokens(tokenizer, answers), GENERATION_BATCH_SIZE
+        )
+
+
+def eval_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> None:
+    """Probability, memorisation and (forget) the restricted margins from one pass per set; truth ratios."""
+    for records, k in ((forget, 10), (retain, None)):
+        score_qa_records(model, tokenizer, records, k=k, tau=threshold_from_probability(0.5))
+        truth_ratios(model, tokenizer, records)
+
+
+def membership_texts(tokenizer: Any, records: Sequence[dict]) -> tuple[list[str], list[str]]:
+    pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], None) for r in records]
+    return [c for _, c in pairs], [p for p, _ in pairs]
+
+
+def eval_membership(
+    model: Any, tokenizer: Any, forget: Sequence[dict], holdout: Sequence[dict], gradnorm: bool
+) -> None:
+    for records in (forget, holdout):
+        texts, prompts = membership_texts(tokenizer, records)
+        if gradnorm:
+            gradient_norms(model, tokenizer, texts, 2048, prompts)
+        else:
+            membership_scores(model, tokenizer, texts, 0.4, 8, 2048, prompts=prompts, attacks=FORWARD_ATTACKS)
+
+
+def tofu_measure_setting(model: Any, tokenizer: Any, data: dict[str, Any]) -> Any:
+    """compare's TOFU setting around one model: the never-trained reference is the same model (same cost)."""
+    return CompareSetting(
+        target_model=model, tokenizer=tokenizer, reference_model=model, reference_tokenizer=tokenizer,
+        forget=None, retain=None, calibration=None, forget_records=data["forget"], retain_eval=data["retain"],
+        holdout_records=data["holdout"], reference_ratios=None, peft_config=None, learn_info={}, description={},
+        real_knowledge=data["real_knowledge"], measure_fluency=True,
+    )  # fmt: skip
+
+
+def compare_generation_budgets(
+    tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict], real: dict[str, Sequence[dict]]
+) -> list[tuple[Sequence[dict], int]]:
+    budgets = [
+        (records, default_max_new_tokens(tokenizer, [r["answer"] for r in records])) for records in (forget, retain)
+    ]
+    return budgets + [(records, REAL_KNOWLEDGE_MAX_NEW_TOKENS) for records in real.values()]
+
+
+def compare_generation(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict], real: dict) -> None:
+    """forget and retain each at its own budget, the real-knowledge sets together (one loop, as the bundle does)."""
+    for records in (forget, retain):
+        questions, answers = questions_answers(records)
+        generate_answers(
+            model, tokenizer, questions, default_max_new_tokens(tokenizer, answers), GENERATION_BATCH_SIZE
+        )
+    questions = [r["question"] for records in real.values() for r in records]
+    generate_answers(model, tokenizer, questions, REAL_KNOWLEDGE_MAX_NEW_TOKENS, GENERATION_BATCH_SIZE)
+
+
+def compare_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> None:
+    for records in (forget, retain):
+        answer_probability(model, tokenizer, *questions_answers(records))
+
+
+def compare_membership(model: Any, tokenizer: Any, forget: Sequence[dict], holdout: Sequence[dict]) -> None:
+    qa_membership_auc(model, tokenizer, forget, holdout)
+
+
+def compare_options(model: Any, tokenizer: Any, real: dict[str, Sequence[dict]]) -> None:
+    for records in real.values():
+        option_scores(model, tokenizer, records, "answer", batch_size=32, show_progress=False)
+
+
+def compare_forget_answers(model: Any, tokenizer: Any, forget: Sequence[dict]) -> list[str]:
+    questions, answers = questions_answers(forget)
+    return generate_answers(
+        model, tokenizer, questions, default_max_new_tokens(tokenizer, answers), GENERATION_BATCH_SIZE
+    )
+
+
+def compare_fluency(model: Any, tokenizer: Any, forget: Sequence[dict], answers: Sequence[str]) -> None:
+    reference_nll(model, tokenizer, questions_answers(forget)[0], answers)
+
+
+def nf4_check(model: Any, tokenizer: Any, forget: Any, measured: dict) -> dict:
+    return nf4_forget_check(model, tokenizer, forget, measured)
+
+
+class ForwardMeter:
+    """Counts the tokens every forward call of ``model`` puts through it (``input_ids.numel()``), while active."""
+
+    def __init__(self, model: Any) -> None:
+        self.tokens = 0
+        self.handle = model.register_forward_pre_hook(self.count, with_kwargs=True)
+
+    def count(self, module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            self.tokens += ids.numel()
+
+
+def timed(meters: Sequence[ForwardMeter], function: Callable[[], Any]) -> tuple[float, int]:
+    before = sum(m.tokens for m in meters)
+    start = time.perf_counter()
+    function()
+    return time.perf_counter() - start, sum(m.tokens for m in meters) - before
+
+
+def forward_floor(model: Any, sequences: Sequence[Sequence[int]], pad_id: int, backward: bool = False) -> None:
+    """One batched forward (or forward+backward of the summed loss) over ``sequences``, 32 a batch by length."""
+    ordered = sorted(sequences, key=len)
+    for start in range(0, len(ordered), 32):
+        batch = ordered[start : start + 32]
+        length = max(len(s) for s in batch)
+        ids = torch.tensor([list(s) + [pad_id] * (length - len(s)) for s in batch])
+        mask = torch.tensor([[1] * len(s) + [0] * (length - len(s)) for s in batch])
+        if backward:
+            model.zero_grad(set_to_none=True)
+            labels = ids.masked_fill(mask == 0, -100)
+            model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.inference_mode():
+                model(input_ids=ids, attention_mask=mask)
+
+
+def generate_floor(model: Any, tokenizer: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+    """transformers' batched greedy ``generate``, 32 prompts a batch in the given order, left-padded."""
+    pad_id = pad_token_id_of(tokenizer)
+    with torch.inference_mode():
+        for start in range(0, len(prompts), 32):
+            batch = prompts[start : start + 32]
+            length = max(len(p) for p in batch)
+            ids = torch.tensor([[pad_id] * (length - len(p)) + list(p) for p in batch])
+            mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in batch])
+            model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                pad_token_id=pad_id, eos_token_id=tokenizer.eos_token_id, use_cache=True,
+            )  # fmt: skip
+
+
+def qa_sequences(tokenizer: Any, pairs: Sequence[tuple[str, str]]) -> list[list[int]]:
+    return [tokenize_qa(tokenizer, q, a)["input_ids"] for q, a in pairs]
+
+
+def completion_sequences(tokenizer: Any, records: Sequence[dict]) -> list[list[int]]:
+    """The membership attack's tokens: the prompt with special tokens, the answer after it without."""
+    sequences = []
+    for r in records:
+        prompt, completion = prompt_and_completion(tokenizer, r["question"], r["answer"], None)
+        sequences.append(tokenizer(prompt)["input_ids"] + tokenizer(completion, add_special_tokens=False)["input_ids"])
+    return sequences
+
+
+def option_pairs(records: Sequence[dict]) -> list[tuple[str, str]]:
+    return [(r["question"], option) for r in records for option in [r["answer"], *r["perturbed_answer"]]]
+
+
+def add_part(
+    rows: list[dict[str, Any]],
+    meters: Sequence[ForwardMeter],
+    name: str,
+    work: Callable[[], Any],
+    floor_work: Callable[[], Any],
+) -> None:
+    """Time ``work`` (counting its tokens) and ``floor_work``, the floor of the same tokens; a row of the table."""
+    seconds, tokens = timed(meters, work)
+    floor, _ = timed([], floor_work)
+    rows.append(row(name, seconds, tokens, floor))
+
+
+def row(name: str, seconds: float, tokens: int, floor: float | None) -> dict[str, Any]:
+    return {"part": name, "seconds": seconds, "tokens": tokens, "floor": floor}
+
+
+def print_table(title: str, rows: list[dict[str, Any]], total: float) -> None:
+    print(f"\n### {title}: {total:.1f} s measured whole\n")
+    print("| part | seconds | tokens | floor s | ratio |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        floor = f"{r['floor']:.1f}" if r["floor"] else "-"
+        ratio = f"{r['seconds'] / r['floor']:.2f}x" if r["floor"] else "-"
+        print(f"| {r['part']} | {r['seconds']:.1f} | {r['tokens']} | {floor} | {ratio} |")
+    parts = sum(r["seconds"] for r in rows if r["part"] != "NF4 check")
+    floors = [r["floor"] for r in rows if r["floor"] and r["part"] != "NF4 check"]
+    print(f"| sum of parts | {parts:.1f} | | {sum(floors):.1f} | {parts / sum(floors):.2f}x |")
+
+
+def load_data(tofu_dir: str, quick: bool) -> dict[str, Any]:
+    authors = load_tofu_folder(tofu_dir)["authors"]
+    split = TofuAuthorSplit.in_order(authors["author"], 2, 1, 2, 2)
+    sets = tofu_sets(tofu_dir, split, 5 if quick else None)
+    size = 5 if quick else 25
+    real = {name: sets[name].select(range(min(size, len(sets[name])))) for name in ("real_authors", "world_facts")}
+    return {
+        "forget": sets["forget"],
+        "retain": sets["retain"].shuffle(seed=0).select(range(min(60, len(sets["retain"])))),
+        "holdout": sets["holdout"],
+        "real_knowledge": real,
+    }
+
+
+def measure_eval(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[ForwardMeter]) -> None:
+    """``hf-unlearn eval`` with forget, retain and holdout files."""
+    forget, retain, holdout = (list(data[name]) for name in ("forget", "retain", "holdout"))
+    pad_id = pad_token_id_of(tokenizer)
+    total, _ = timed(meters, lambda: run_eval(model, tokenizer, *(data[n] for n in ("forget", "retain", "holdout"))))
+    rows = []
+    prompts = []
+    for records in (forget, retain):
+        prompts.append([tokenize_prompt(tokenizer, r["question"]) for r in records])
+    seconds, tokens = timed(meters, lambda: eval_generation(model, tokenizer, forget, retain))
+    floor, _ = timed([], lambda: [
+        generate_floor(model, tokenizer, p, default_max_new_tokens(tokenizer, [r["answer"] for r in recs]))
+        for p, recs in zip(prompts, (forget, retain), strict=True)
+    ])  # fmt: skip
+    rows.append(row("generation (forget, retain)", seconds, tokens, floor))
+    qa = qa_sequences(tokenizer, [(r["question"], r["answer"]) for r in forget + retain])
+    add_part(
+        rows,
+        meters,
+        "teacher-forced scoring (forget, retain)",
+        lambda: eval_scoring(model, tokenizer, forget, retain),
+        lambda: forward_floor(model, qa, pad_id),
+    )
+    members = completion_sequences(tokenizer, forget + holdout)
+    add_part(
+        rows,
+        meters,
+        "membership, forward attacks (forget, holdout)",
+        lambda: eval_membership(model, tokenizer, forget, holdout, gradnorm=False),
+        lambda: forward_floor(model, members, pad_id),
+    )
+    add_part(
+        rows,
+        meters,
+        "membership, gradient norm (forward+backward)",
+        lambda: eval_membership(model, tokenizer, forget, holdout, gradnorm=True),
+        lambda: forward_floor(model, members, pad_id, backward=True),
+    )
+    print_table("hf-unlearn eval (forget, retain, holdout)", rows, total)
+
+
+def measure_compare(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[ForwardMeter], nf4: bool) -> None:
+    """compare's TOFU measurement of one model (with fluency) and the NF4 check."""
+    forget, retain, holdout = (list(data[name]) for name in ("forget", "retain", "holdout"))
+    real = {name: list(records) for name, records in data["real_knowledge"].items()}
+    pad_id = pad_token_id_of(tokenizer)
+    setting = tofu_measure_setting(model, tokenizer, data)
+    total, _ = timed(meters, lambda: setting.measure(model))
+    rows = []
+    seconds, tokens = timed(meters, lambda: compare_generation(model, tokenizer, forget, retain, real))
+    floor, _ = timed([], lambda: [
+        generate_floor(model, tokenizer, [tokenize_prompt(tokenizer, r["question"]) for r in recs], budget)
+        for recs, budget in compare_generation_budgets(tokenizer, forget, retain, real)
+    ])  # fmt: skip
+    rows.append(row("generation (forget, retain, real knowledge)", seconds, tokens, floor))
+    qa = qa_sequences(tokenizer, [(r["question"], r["answer"]) for r in forget + retain])
+    add_part(
+        rows,
+        meters,
+        "teacher-forced scoring (forget, retain)",
+        lambda: compare_scoring(model, tokenizer, forget, retain),
+        lambda: forward_floor(model, qa, pad_id),
+    )
+    members = completion_sequences(tokenizer, forget + holdout)
+    add_part(
+        rows,
+        meters,
+        "membership, Min-K% (forget, holdout)",
+        lambda: compare_membership(model, tokenizer, forget, holdout),
+        lambda: forward_floor(model, members, pad_id),
+    )
+    options = qa_sequences(tokenizer, [p for records in real.values() for p in option_pairs(records)])
+    add_part(
+        rows,
+        meters,
+        "real-knowledge options",
+        lambda: compare_options(model, tokenizer, real),
+        lambda: forward_floor(model, options, pad_id),
+    )
+    answers = compare_forget_answers(model, tokenizer, forget)
+    fluency = qa_sequences(tokenizer, [(r["question"], a) for r, a in zip(forget, answers, strict=True) if a.strip()])
+    add_part(
+        rows,
+        meters,
+        "fluency NLL (never-trained model)",
+        lambda: compare_fluency(model, tokenizer, forget, answers),
+        lambda: forward_floor(model, fluency, pad_id),
+    )
+    if nf4:
+        measured = setting.measure(model, with_fluency=False)["forget"]
+        seconds, _ = timed([], lambda: nf4_check(model, tokenizer, data["forget"], measured))
+        rows.append(row("NF4 check", seconds, 0, None))
+    print_table("compare --benchmark tofu: one measurement", rows, total)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tofu-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tofu"))
+    parser.add_argument("--quick", action="store_true", help="5 questions per author and per real-knowledge set")
+    parser.add_argument("--skip-nf4", action="store_true")
+    parser.add_argument("--only", choices=("eval", "compare"), default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, tokenizer = load_smollm2()
+    model.eval()
+    data = load_data(args.tofu_dir, args.quick)
+    meters = [ForwardMeter(model)]
+    print(f"{torch.get_num_threads()} thread(s); forget {len(data['forget'])}, retain {len(data['retain'])}, "
+          f"holdout {len(data['holdout'])}, real knowledge "
+          + ", ".join(f"{k} {len(v)}" for k, v in data["real_knowledge"].items()))  # fmt: skip
+    if args.only in (None, "eval"):
+        measure_eval(model, tokenizer, data, meters)
+    if args.only in (None, "compare"):
+        measure_compare(model, tokenizer, data, meters, nf4=not args.skip_nf4)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""`hf-unlearn --help` and `hf-unlearn COMMAND --help` answer without importing torch: the commands are declared
+once (hf_unlearn.cli.commands), and a command's help, which lists TrainingArguments' flags, is kept once rendered."""
+
+import os
+import subprocess
+import sys
+
+from hf_unlearn.cli import commands
+from hf_unlearn.cli.main import main
+
+HEAVY = ("torch", "transformers", "peft", "datasets")
+PROBE = (
+    "import sys\nfrom hf_unlearn.cli.main import main\ncode = main(sys.argv[1:])\n"
+    "print('HEAVY', sorted(m for m in {heavy!r} if m in sys.modules))\nsys.exit(code)\n"
+)
+
+
+def hf_unlearn(args, cache):
+    env = dict(os.environ, HF_UNLEARN_CACHE=str(cache), COLUMNS="100", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    script = PROBE.format(heavy=HEAVY)
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_top_level_help_lists_every_command_once_and_imports_no_library(tmp_path):
+    result = hf_unlearn(["--help"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY []" in result.stdout
+    for name, entry in commands.COMMANDS.items():
+        assert entry.help and f"  {name:<15}{entry.help}" in result.stdout
+    assert len(commands.COMMANDS) >= 9 and "compare" in commands.COMMANDS
+
+
+def test_a_commands_help_is_rendered_once_then_answered_without_torch(tmp_path):
+    first = hf_unlearn(["push", "--help"], tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("usage: hf-unlearn push [-h]") and "--repo_id" in first.stdout
+    assert "'torch'" in first.stdout.rsplit("HEAVY", 1)[1]  # rendering it needed the dataclasses
+    second = hf_unlearn(["push", "--help"], tmp_path)
+    assert second.returncode == 0 and "HEAVY []" in second.stdout
+    assert second.stdout.rsplit("HEAVY", 1)[0] == first.stdout.rsplit("HEAVY", 1)[0]
+    # A flag next to --help is not the plain help: rendered for real, not kept.
+    other = hf_unlearn(["push", "--repo_id", "me/x", "--help"], tmp_path)
+    assert other.returncode == 0 and "'torch'" in other.stdout.rsplit("HEAVY", 1)[1]
+    assert len(os.listdir(tmp_path / "help")) == 1
+
+
+def test_the_kept_help_is_keyed_on_the_source(tmp_path, monkeypatch):
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "arguments.py").write_text("x: int = 1\n")
+    monkeypatch.setattr(commands, "PACKAGE_DIR", str(package))
+    monkeypatch.setenv(commands.CACHE_VARIABLE, str(tmp_path / "cache"))
+    commands.keep_help("run", "old help\n")
+    assert commands.cached_help("run") == "old help\n"
+    (package / "arguments.py").write_text("x: int = 2\n")  # a default changed: the kept text is not shown
+    assert commands.cached_help("run") is None
+
+
+def test_a_bad_command_is_refused_without_a_traceback(capsys):
+    try:
+        main(["bogus"])
+    except SystemExit as error:
+        code = error.code
+    assert code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
