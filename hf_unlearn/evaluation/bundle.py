@@ -12,13 +12,17 @@ from typing import Any
 from ..data.prompts import prompt_and_completion
 from .membership import membership_auc, membership_scores
 from .metrics import (
+    GENERATION_BATCH_SIZE,
     evaluate_qa,
     forget_quality,
     forget_truth_ratio,
+    generate_answers,
     model_utility,
     normalized_probabilities_from,
     option_scores,
+    qa_records,
     retain_truth_ratio,
+    rouge_l_recall,
     truth_ratios,
     truth_ratios_from,
 )
@@ -99,8 +103,17 @@ def real_knowledge_utility(
     retain set's three values, which are reported beside it), ``mean`` their arithmetic mean."""
     measured: dict[str, Any] = {}
     values: list[float] = []
+    # Every set's greedy answers in one generation (same budget): one decoding loop instead of one per set.
+    rows = {name: qa_records(records) for name, records in sets.items()}
+    questions = [str(r["question"]) for name in rows for r in rows[name]]
+    predictions = iter(
+        generate_answers(
+            model, tokenizer, questions, max_new_tokens, GENERATION_BATCH_SIZE, prompt_template=prompt_template
+        )
+    )
     for name, records in sets.items():
-        qa = evaluate_qa(model, tokenizer, records, max_new_tokens=max_new_tokens, prompt_template=prompt_template)
+        answers = [str(r["answer"]) for r in rows[name]]
+        recalls = rouge_l_recall([next(predictions) for _ in answers], answers)
         scores = option_scores(
             model, tokenizer, records, "answer", batch_size=32, show_progress=False, prompt_template=prompt_template
         )
@@ -114,10 +127,10 @@ def real_knowledge_utility(
             else truth_ratios(model, tokenizer, records, prompt_template=prompt_template)
         )
         row = {
-            "rouge_l_recall": qa["rouge_l_recall"],
+            "rouge_l_recall": sum(recalls) / len(recalls) if recalls else float("nan"),
             "probability": sum(options) / len(options) if options else float("nan"),
             "truth_ratio": retain_truth_ratio(ratios),
-            "num_examples": qa["num_examples"],
+            "num_examples": len(answers),
         }
         measured[name] = row
         values += [row["rouge_l_recall"], row["probability"], row["truth_ratio"]]

@@ -36,6 +36,7 @@ from ..objectives.margin import (
 __all__ = [
     "answer_log_probs",
     "answer_probability",
+    "GENERATION_BATCH_SIZE",
     "default_max_new_tokens",
     "evaluate_qa",
     "exact_match",
@@ -49,6 +50,12 @@ __all__ = [
     "rouge_l_recall",
     "score_teacher_forced",
 ]
+
+
+#: Greedy answers generated per batch by :func:`evaluate_qa`. Decoding one token costs about one read of the weights
+#: whatever the batch (a forward of a few rows is memory-bound), so fewer, larger batches cost less; rows that reach
+#: EOS leave the batch (:func:`greedy_decode`).
+GENERATION_BATCH_SIZE = 64
 
 
 def batches(items: Sequence[Any], batch_size: int) -> Iterable[Sequence[Any]]:
@@ -119,25 +126,13 @@ def generate_continuations(
     show_progress: bool = False,
     desc: str = "Generating answers",
 ) -> list[str]:
-    """Greedy continuations of already tokenized prompts, in left-padded batches under ``inference_mode``.
+    """Greedy continuations of already tokenized prompts, in left-padded batches of similar length under
+    ``inference_mode``, with the KV cache (:func:`greedy_decode`: a row that reached EOS leaves the batch).
 
     Generation stops at EOS; the new tokens are decoded without special tokens and stripped.
     """
-    from transformers import GenerationConfig
-
     pad_id = pad_token_id_of(tokenizer)
     eos_id = tokenizer.eos_token_id
-    generation_config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        bos_token_id=tokenizer.bos_token_id,
-        # Explicitly: a model saved by a trainer that turned the cache off (TRL does) would otherwise decode
-        # without a KV cache, recomputing the whole prefix at every new token.
-        use_cache=True,
-    )
     device = model_device(model)
     was_training = model.training
     answers: list[str] = []
@@ -148,18 +143,111 @@ def generate_continuations(
         with torch.inference_mode():
             for batch in progress_bar(batches(prompt_ids, batch_size), total, desc, show_progress):
                 padded = left_pad(batch, pad_id)
-                input_ids = padded["input_ids"].to(device)
-                attention_mask = padded["attention_mask"].to(device)
-                output = model.generate(
-                    input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config
-                )
-                for row in output[:, input_ids.shape[1] :].tolist():
-                    if eos_id is not None and eos_id in row:
-                        row = row[: row.index(eos_id)]
-                    answers.append(tokenizer.decode(row, skip_special_tokens=True).strip())
+                rows = greedy_decode(
+                    model, padded["input_ids"].to(device), padded["attention_mask"].to(device), max_new_tokens, eos_id,
+                    pad_id, tokenizer.bos_token_id,
+                )  # fmt: skip
+                answers.extend(tokenizer.decode(row, skip_special_tokens=True).strip() for row in rows)
     finally:
         model.train(was_training)
     return restore_order(answers, order)
+
+
+def cache_keyword(model: Any) -> str | None:
+    """The keyword the (base) model's forward takes its KV cache under (``cache`` in newer transformers,
+    ``past_key_values`` before), when it also takes ``position_ids`` and ``use_cache``; ``None`` otherwise (then
+    :func:`greedy_decode` falls back to transformers' ``generate``)."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        parameters = set(inspect.signature(base.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    if getattr(base.config, "is_encoder_decoder", False) or not {"position_ids", "use_cache"} <= parameters:
+        return None
+    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
+
+
+def greedy_decode(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    eos_id: int | None,
+    pad_id: int,
+    bos_id: int | None = None,
+) -> list[list[int]]:
+    """Greedy new tokens of every row of a left-padded batch, up to (not including) its first ``eos_id``.
+
+    The tokens transformers' greedy ``generate`` gives (same positions, mask and KV cache), but a row that reached
+    EOS is dropped from the batch and its cache, so finished rows stop costing. Falls back to ``generate`` for a
+    model whose forward takes no cache (:func:`cache_keyword`).
+    """
+    if max_new_tokens < 1:
+        return [[] for _ in range(input_ids.shape[0])]
+    keyword = cache_keyword(model)
+    if keyword is None:
+        return generate_fallback(model, input_ids, attention_mask, max_new_tokens, eos_id, pad_id, bos_id)
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+        **{keyword: cache}, **extra,
+    ).logits[:, -1]  # fmt: skip
+    rows: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
+    active = torch.arange(input_ids.shape[0], device=input_ids.device)
+    last = positions[:, -1:]
+    for step in range(max_new_tokens):
+        tokens = logits.argmax(dim=-1)
+        done = tokens == eos_id if eos_id is not None else torch.zeros_like(tokens, dtype=torch.bool)
+        for row, token, finished in zip(active.tolist(), tokens.tolist(), done.tolist(), strict=True):
+            if not finished:
+                rows[row].append(token)
+        if step == max_new_tokens - 1 or bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero(as_tuple=True)[0]
+            cache.batch_select_indices(keep)
+            active, tokens, attention_mask, last = active[keep], tokens[keep], attention_mask[keep], last[keep]
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones((attention_mask.shape[0], 1))], dim=-1)
+        last = last + 1
+        logits = model(
+            input_ids=tokens[:, None], attention_mask=attention_mask, position_ids=last, use_cache=True,
+            **{keyword: cache},
+        ).logits[:, -1]  # fmt: skip
+    return rows
+
+
+def generate_fallback(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    eos_id: int | None,
+    pad_id: int,
+    bos_id: int | None,
+) -> list[list[int]]:
+    """transformers' greedy ``generate`` of a left-padded batch, each row cut at its first ``eos_id``."""
+    from transformers import GenerationConfig
+
+    generation_config = GenerationConfig(
+        max_new_tokens=max_new_tokens, do_sample=False, num_beams=1, eos_token_id=eos_id, pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        # Explicitly: a model saved by a trainer that turned the cache off (TRL does) would otherwise decode
+        # without a KV cache, recomputing the whole prefix at every new token.
+        use_cache=True,
+    )  # fmt: skip
+    output = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config)
+    rows = []
+    for row in output[:, input_ids.shape[1] :].tolist():
+        if eos_id is not None and eos_id in row:
+            row = row[: row.index(eos_id)]
+        rows.append(row)
+    return rows
 
 
 def left_pad(batch: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
@@ -339,6 +427,8 @@ def evaluate_qa(
     show_progress: bool = False,
     prompt_template: str | None = None,
     return_predictions: bool = False,
+    scores: Sequence[Any] | None = None,
+    generation_batch_size: int = GENERATION_BATCH_SIZE,
 ) -> dict[str, Any]:
     """Mean ROUGE-L recall, answer probability and exact match over the records with ``question`` and ``answer``.
 
@@ -346,6 +436,8 @@ def evaluate_qa(
     to the longest tokenized answer plus a few tokens. Returns ``{"rouge_l_recall", "probability",
     "exact_match", "num_examples"}`` (the means are NaN when there is no example), and with ``return_predictions``
     the greedy answers under ``"predictions"`` (so a fluency measure can read them instead of generating again).
+    ``scores``: the records' :func:`hf_unlearn.evaluation.scoring.score_qa_records`, read instead of scoring the
+    answers again. ``batch_size`` is for scoring, ``generation_batch_size`` for generating.
     """
     records = qa_records(dataset_or_records)
     questions = [str(r["question"]) for r in records]
@@ -357,11 +449,14 @@ def evaluate_qa(
     if max_new_tokens is None:
         max_new_tokens = default_max_new_tokens(tokenizer, answers, prompt_template=prompt_template)
     predictions = generate_answers(
-        model, tokenizer, questions, max_new_tokens, batch_size, show_progress, prompt_template
+        model, tokenizer, questions, max_new_tokens, generation_batch_size, show_progress, prompt_template
     )
-    probabilities = answer_probability(
-        model, tokenizer, questions, answers, batch_size, show_progress, prompt_template
-    )
+    if scores is not None:
+        probabilities = [s.probability for s in scores]
+    else:
+        probabilities = answer_probability(
+            model, tokenizer, questions, answers, batch_size, show_progress, prompt_template
+        )
 
     def mean(values: Sequence[float]) -> float:
         return sum(values) / len(values)

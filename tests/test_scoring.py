@@ -1,0 +1,128 @@
+"""The single teacher-forced pass (hf_unlearn.evaluation.scoring) and the KV-cache greedy decoder give the values the
+separate passes gave: per-example unbatched forwards and transformers' own generate, on three architectures, with
+padding and batches of mixed lengths."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import hand_answer_log_probs, hand_greedy, hand_margins, train_on_answers
+
+from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
+from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
+from hf_unlearn.evaluation.memorization import evaluate_memorization, exact_memorization, extraction_strength
+from hf_unlearn.evaluation.metrics import (
+    answer_probability,
+    generate_fallback,
+    greedy_decode,
+    left_pad,
+    pad_token_id_of,
+    reproduction_bound,
+)
+from hf_unlearn.evaluation.scoring import bound_from, memorization_from, score_qa_records
+from hf_unlearn.evaluation.suites import evaluate_unlearning
+from hf_unlearn.objectives.margin import threshold_from_probability
+
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return generate_benchmark(num_authors=4, num_holdout_authors=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(generate_benchmark(num_authors=8), vocab_size=512)
+
+
+def one_at_a_time(model, tokenizer, records, k, rho):
+    """The old way, by hand: one unpadded forward per example for each metric."""
+    probabilities, memorization, bounds, fractions = [], [], [], []
+    tau = threshold_from_probability(rho)
+    for r in records:
+        example = tokenize_qa(tokenizer, r["question"], r["answer"])
+        log_probs = hand_answer_log_probs(model, example)
+        probabilities.append(math.exp(sum(log_probs) / len(log_probs)))
+        ids, labels = example["input_ids"], example["labels"]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0]
+        positions = [t for t in range(1, len(labels)) if labels[t] != -100][:-1]
+        predictions = [int(logits[t - 1].argmax()) for t in positions]
+        answer = [labels[t] for t in positions]
+        memorization.append((exact_memorization(predictions, answer), extraction_strength(predictions, answer)))
+        margins = hand_margins(model, example, k)
+        fraction = sum(m > tau for m in margins) / len(margins)
+        fractions.append(fraction)
+        bounds.append(rho ** ((1 - fraction) * len(margins)))
+    return probabilities, memorization, bounds, fractions
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_one_pass_gives_the_separate_passes_values(tokenizer, records, architecture):
+    model = tiny_model(tokenizer, architecture, seed=3, **SMALL)
+    train_on_answers(model, tokenizer, records[:8], steps=40, lr=1e-2)  # some answers memorised, some not
+    rows = records[:11]  # batches of 4: 4 + 4 + 3, mixed lengths, right-padded
+    assert len({len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in rows}) > 2
+    k, rho = 5, 0.5
+    scored = score_qa_records(model, tokenizer, rows, k=k, tau=threshold_from_probability(rho), batch_size=4)
+    # the old separate batched passes: the very same values
+    questions, answers = [r["question"] for r in rows], [r["answer"] for r in rows]
+    assert [s.probability for s in scored] == answer_probability(model, tokenizer, questions, answers, batch_size=4)
+    assert memorization_from(scored) == evaluate_memorization(model, tokenizer, rows, batch_size=4)
+    old_bound = reproduction_bound(model, tokenizer, rows, k=k, rho=rho, batch_size=4)
+    assert bound_from(scored, rho) == pytest.approx(old_bound, rel=1e-12, abs=1e-12)
+    # one unpadded forward per example
+    probabilities, memorization, bounds, fractions = one_at_a_time(model, tokenizer, rows, k, rho)
+    assert [s.probability for s in scored] == pytest.approx(probabilities, rel=1e-5)
+    assert [s.violation_fraction for s in scored] == pytest.approx(fractions, abs=1e-6)
+    assert memorization_from(scored)["exact_memorization"] == pytest.approx(sum(m[0] for m in memorization) / 11)
+    assert memorization_from(scored)["extraction_strength"] == pytest.approx(sum(m[1] for m in memorization) / 11)
+    assert 0 < memorization_from(scored)["exact_memorization"] < 1  # neither all right nor all wrong
+    assert bound_from(scored, rho)["mean"] == pytest.approx(sum(bounds) / len(bounds), rel=1e-9)
+
+
+def test_evaluate_unlearning_reports_what_the_separate_passes_reported(tokenizer, records):
+    model = tiny_model(tokenizer, "llama", seed=4, **SMALL)
+    train_on_answers(model, tokenizer, records[:6], steps=40, lr=1e-2)
+    forget, retain = records[:6], records[6:13]
+    result = evaluate_unlearning(model, tokenizer, forget, retain, batch_size=4)
+    for name, rows in (("forget", forget), ("retain", retain)):
+        probability = answer_probability(
+            model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows], 4
+        )
+        assert result[name]["probability"] == sum(probability) / len(probability)
+        for key, value in evaluate_memorization(model, tokenizer, rows, batch_size=4).items():
+            assert result[name][key] == value
+    bound = reproduction_bound(model, tokenizer, forget, batch_size=4)
+    assert result["exact_reproduction_bound"] == pytest.approx(bound["mean"], rel=1e-12)
+    assert result["exact_reproduction_bound_max"] == pytest.approx(bound["max"], rel=1e-12)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_greedy_decode_gives_generates_tokens_and_drops_finished_rows(tokenizer, records, architecture):
+    model = tiny_model(tokenizer, architecture, seed=5, **SMALL)
+    train_on_answers(model, tokenizer, records[:6], steps=60, lr=1e-2)  # some rows reach EOS early, some never
+    model.eval()
+    prompts = [tokenize_prompt(tokenizer, r["question"]) for r in records[:9]]
+    assert len({len(p) for p in prompts}) > 1  # left padding really happens
+    padded = left_pad(prompts, pad_token_id_of(tokenizer))
+    args = (padded["input_ids"], padded["attention_mask"], 12, tokenizer.eos_token_id, pad_token_id_of(tokenizer))
+    batch_sizes = []
+    model.register_forward_pre_hook(
+        lambda module, a, kwargs: batch_sizes.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    with torch.inference_mode():
+        ours = greedy_decode(model, *args)
+        steps = len(batch_sizes)
+        theirs = generate_fallback(model, *args, tokenizer.bos_token_id)
+    assert ours == theirs
+    by_hand = [hand_greedy(model, tokenizer, p, 12) for p in prompts]
+    assert [tokenizer.decode(row, skip_special_tokens=True).strip() for row in ours] == by_hand
+    lengths = [len(row) for row in ours]
+    assert min(lengths) < 12 and max(lengths) == 12  # rows finished at different steps
+    # after the prompt, each step forwards only the rows still running
+    running = [sum(length >= step for length in lengths) for step in range(1, 12)]
+    assert batch_sizes[1:steps] == running[: steps - 1]
