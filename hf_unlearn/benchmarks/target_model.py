@@ -37,7 +37,7 @@ from transformers import (
 
 from ..data.examples import ensure_pad_token, tokenize_qa
 from ..evaluation.metrics import default_max_new_tokens, exact_match, generate_answers
-from ..training.adapters import lora_config
+from ..training.adapters import lora_config, with_adapter
 from ..training.callbacks import QuietProgressCallback
 from .fictitious_authors import (
     BENCHMARK_VERSION,
@@ -360,10 +360,7 @@ def learn_target_model(
         model, tokenizer = PRETRAINED_BASES[base_model]()
         ensure_pad_token(tokenizer)
     if lora_r > 0:
-        from peft import get_peft_model
-
-        lora = lora_config(lora_r, "all-linear", dropout=0.0)
-        model = get_peft_model(model, lora)
+        model = with_adapter(model, lora_config(lora_r, "all-linear", dropout=0.0))
     longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
     if longest > model.config.max_position_embeddings:
         raise ValueError(

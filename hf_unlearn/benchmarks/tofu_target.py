@@ -25,7 +25,7 @@ from datasets import Dataset
 from ..data.examples import ensure_pad_token, tokenize_qa
 from ..data.loaders import load_tofu_folder
 from ..evaluation.metrics import default_max_new_tokens, generate_answers, rouge_l_recall
-from ..training.adapters import lora_config
+from ..training.adapters import lora_config, with_adapter
 from .target_model import PRETRAINED_BASES, LearnStopper, cache_path, from_cache, learn_into_cache, tiny_model
 from .tokenizer import train_bpe_tokenizer
 
@@ -175,9 +175,7 @@ def learn_tofu_target(
     model, tokenizer = _base(base_model, [f"{r['question']} {r['answer']}" for r in all_rows], seed)
     ensure_pad_token(tokenizer)
     if lora_r > 0:
-        from peft import get_peft_model
-
-        model = get_peft_model(model, lora_config(lora_r, "all-linear", dropout=0.0))
+        model = with_adapter(model, lora_config(lora_r, "all-linear", dropout=0.0))
     train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
     stopper = RougeStopper(tokenizer, learned, target_rouge_l, eval_every)
 

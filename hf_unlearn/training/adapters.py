@@ -18,3 +18,15 @@ def lora_config(rank: int, target_modules: Any = DEFAULT_LORA_TARGETS, dropout: 
 
     modules = list(target_modules) if isinstance(target_modules, (list, tuple)) else target_modules
     return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, target_modules=modules, task_type="CAUSAL_LM")
+
+
+def with_adapter(model: Any, peft_config: Any) -> Any:
+    """``peft.get_peft_model(model, peft_config)``, without the FutureWarning transformers raises when PEFT reads the
+    deprecated ``is_gradient_checkpointing`` property of the model (PEFT's own call; nothing a user can change)."""
+    import warnings
+
+    from peft import get_peft_model
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, peft_config)

@@ -35,6 +35,7 @@ from ..data.pairing import (
 from ..objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
 from ..objectives.registry import resolve_hyperparameters
 from ..surgery import SurgeryBuffers
+from .adapters import with_adapter
 from .base_model import anchored_base, with_base_weights
 from .callbacks import (
     ObjectiveStateCallback,
@@ -53,7 +54,7 @@ from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 
 if is_peft_available():
-    from peft import PeftModel, get_peft_model
+    from peft import PeftModel
 else:  # pragma: no cover - peft is a dependency, kept optional for users who strip it
     PeftModel = None
 
@@ -279,7 +280,7 @@ class UnlearnTrainer(Trainer):
         if peft_config is not None:
             if is_peft_model(model):
                 raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
-            model = get_peft_model(model, peft_config)
+            model = with_adapter(model, peft_config)
         if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_quantized", False):
             from ..robustness.quantize import keep_4bit_layers_trainable
 
