@@ -96,6 +96,10 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
     assert all(s["tofu_real_authors"]["acc"] in (0.0, 0.5, 1.0) for s in scored)
     report = (out / "compare.md").read_text()
     assert "real-knowledge mean (harmonic)" in report and "## Every run" in report
-    assert "## Three forget answers of each run" in report and "misses the region by" in report and "| never-trained |" in report
+    assert (
+        "## Three forget answers of each run" in report
+        and "misses the region by" in report
+        and "| never-trained |" in report
+    )
     assert "## lm-evaluation-harness" in report and "tofu_real_authors acc" in report
     assert os.path.isfile(out / "compare.png")

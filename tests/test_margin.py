@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from hf_unlearn.objectives.margin import (
+    MarginResult,
     calibration_gap,
     exact_reproduction_bound,
     hoeffding_upper_bound,
@@ -104,6 +105,23 @@ def test_hinge_above_threshold_is_linear_and_pushes_the_target_down():
     assert logits.grad[0, 0, 0] > 0  # gradient descent lowers the target logit
     assert logits.grad[0, 0, 1] < 0 and logits.grad[0, 0, 2] < 0  # and raises the competitors
     assert logits.grad[0, 0, 3] == 0  # outside the competitor set
+
+
+def test_two_sided_hinge_stops_at_the_counterpart_and_pulls_back_what_fell_below():
+    """Per-token thresholds (never-seen counterparts): zero on [tau - eta, tau], the push above tau, a pull below."""
+    eta = 0.5
+    margins = torch.tensor([[2.0, 0.9, 0.7, -0.6, 0.3]], requires_grad=True)
+    tau = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0]])
+    result = MarginResult(margins=margins, mask=torch.tensor([[True, True, True, True, False]]))
+    loss = masc_hinge(result, tau, eta, two_sided=True)
+    # 2.0: 1.0 above its counterpart; 0.9 and 0.7 inside the band; -0.6: 0.1 below the band's floor -0.5; 0.3 unscored
+    assert loss.item() == pytest.approx((1.0 / eta + 0.1 / eta) / 4)
+    loss.backward()
+    assert margins.grad[0, 0] > 0 and margins.grad[0, 3] < 0  # descent pushes the first down, pulls the fourth up
+    assert margins.grad[0, 1] == 0 and margins.grad[0, 2] == 0 and margins.grad[0, 4] == 0
+    # the paper's one-sided hinge pushes the band's tokens down too, and leaves the fallen one where it is
+    one_sided = masc_hinge(MarginResult(margins.detach(), result.mask), tau, eta)
+    assert one_sided.item() == pytest.approx((2.0 - 0.5 + 0.9 - 0.5 + 0.7 - 0.5) / eta / 4)
 
 
 def test_hinge_rejects_batches_without_answer_tokens():

@@ -28,6 +28,7 @@ CONFIG = types.SimpleNamespace(
     masc_tau=0.0,
     masc_eta=0.5,
     masc_threshold="rho",
+    masc_hinge="one_sided",
     competitor_source="self",
     competitor_delta=None,
     rmu_layer=0,
@@ -122,6 +123,28 @@ def test_masc_hinge_with_calibrated_thresholds():
     assert FORGET_OBJECTIVES["masc"].needs_calibration(config) and not FORGET_OBJECTIVES["masc"].needs_calibration(
         CONFIG
     )
+
+
+def test_two_sided_masc_hinge_pulls_back_a_token_below_its_counterpart():
+    """masc_hinge='two_sided' with calibrated thresholds: the high token is pushed down to its counterpart (not to
+    counterpart - eta), the low one, more than eta below its counterpart, is pulled back; with rho: one-sided."""
+    margins = []
+    for position, target in ((0, 1), (1, 2)):
+        row = LOGITS[0][position].tolist()
+        others = sorted((v for i, v in enumerate(row) if i != target), reverse=True)[:2]
+        margins.append(row[target] - math.log(sum(math.exp(v) for v in others)))
+    low, high = sorted(margins)
+    calibration = torch.tensor([low + 0.8, high - 0.4])  # low: 0.8 below its counterpart; high: 0.4 above its own
+    expected = (0.4 + (0.8 - 0.5)) / 0.5 / 2
+    config = types.SimpleNamespace(**{**vars(CONFIG), "masc_threshold": "calibration", "masc_hinge": "two_sided"})
+    inputs = LossInputs(logits=LOGITS, labels=LABELS, config=config, calibration_margins=calibration)
+    assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(expected, rel=1e-6)
+    one_sided = types.SimpleNamespace(**{**vars(config), "masc_hinge": "one_sided"})
+    inputs = LossInputs(logits=LOGITS, labels=LABELS, config=one_sided, calibration_margins=calibration)
+    assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx((0.4 + 0.5) / 0.5 / 2, rel=1e-6)
+    rho = types.SimpleNamespace(**{**vars(CONFIG), "masc_hinge": "two_sided"})
+    inputs = LossInputs(logits=LOGITS, labels=LABELS, config=rho)
+    assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(run(FORGET_OBJECTIVES, "masc"), rel=1e-6)
 
 
 def test_idk_dpo():

@@ -106,7 +106,11 @@ def _drop_target(index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def masc_hinge(
-    result: MarginResult, tau: float | torch.Tensor, eta: float, num_items: torch.Tensor | float | None = None
+    result: MarginResult,
+    tau: float | torch.Tensor,
+    eta: float,
+    num_items: torch.Tensor | float | None = None,
+    two_sided: bool = False,
 ) -> torch.Tensor:
     """Buffered hinge ``relu(m - (tau - eta)) / eta`` averaged over scored tokens (MASC §3); ``tau`` is a number, or
     a tensor of per-token thresholds shaped like the margins.
@@ -114,14 +118,22 @@ def masc_hinge(
     It upper-bounds the violation indicator ``1[m > tau]`` and its gradient is zero once every margin is
     below ``tau - eta``. With ``num_items`` the sum over this batch's scored tokens is divided by it instead (the
     count of scored tokens in the whole accumulated batch, so gradient accumulation gives the big batch's mean).
+
+    ``two_sided`` (beyond the paper, for per-token never-seen thresholds): ``(relu(m - tau) + relu(tau - eta - m)) /
+    eta``, zero on the band ``[tau - eta, tau]``: a token stops being pushed once it reaches its never-seen
+    counterpart ``tau`` and is pulled back up once it falls more than ``eta`` below it.
     """
     if eta <= 0:
         raise ValueError(f"eta must be positive, got {eta}.")
     active = result.mask
     if num_items is None and not active.any():  # under the trainer the data was checked before training
         raise ValueError("The batch has no answer tokens (all labels are -100): there is nothing to forget.")
+    if two_sided:
+        per_token = (torch.relu(result.margins - tau) + torch.relu(tau - eta - result.margins)) / eta
+    else:
+        per_token = torch.relu(result.margins - (tau - eta)) / eta
     # Masked with `where`, not selected: a boolean index would read its size from the device every step.
-    hinge = torch.where(active, torch.relu(result.margins - (tau - eta)) / eta, 0.0)
+    hinge = torch.where(active, per_token, 0.0)
     return hinge.sum() / (num_items if num_items is not None else active.sum())
 
 

@@ -51,6 +51,7 @@ def _check_masc_k(model: Any, config: Any) -> None:
         "masc_rho",
         "masc_eta",
         "masc_threshold",
+        "masc_hinge",
         "competitor_source",
         "competitor_delta",
     ),
@@ -66,7 +67,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     The threshold is tau = log(rho / (1 - rho)) for every token (the paper), or with ``masc_threshold=
     "calibration"`` (beyond the paper) each token's never-seen counterpart: the calibration set's margin at the
     token's rank among the batch's forget tokens (:func:`~hf_unlearn.objectives.margin.calibrated_thresholds`), so the
-    hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it.
+    hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
+    ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up.
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
@@ -81,4 +83,5 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
         thresholds = torch.zeros_like(result.margins)
         thresholds[result.mask] = calibrated_thresholds(result.margins[result.mask], inputs.calibration_margins)
         tau = thresholds
-    return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items)
+    two_sided = config.masc_hinge == "two_sided" and config.masc_threshold == "calibration"
+    return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)

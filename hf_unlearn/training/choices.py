@@ -30,6 +30,7 @@ STOP_PROBES = ("train", "holdout")
 FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
+MASC_HINGES = ("one_sided", "two_sided")
 RETAIN_PROBES = ("screen", "every_probe")
 CALIBRATION_REFERENCES = ("start", "current")
 
@@ -117,6 +118,7 @@ __all__ = [
     "DEFAULT_REFUSALS",
     "FORGET_OBJECTIVES",
     "FORGET_SCORINGS",
+    "MASC_HINGES",
     "MASC_THRESHOLDS",
     "METHODS",
     "RETAIN_PROBES",

@@ -18,6 +18,7 @@ from .choices import (
     CUSTOM_METHOD,
     DEFAULT_REFUSALS,
     FORGET_SCORINGS,
+    MASC_HINGES,
     MASC_THRESHOLDS,
     METHODS,
     RETAIN_PROBES,
@@ -154,6 +155,14 @@ class UnlearnConfig(TrainingArguments):
             "'calibration': each forget token's counterpart in the trainer's calibration_dataset (never trained on): "
             "the never-seen margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': "
             "'calibration' when the trainer has a calibration_dataset, else 'rho'."
+        },
+    )
+    masc_hinge: str = field(
+        default="one_sided",
+        metadata={
+            "help": "MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down "
+            "to tau - eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its "
+            "never-seen counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided."
         },
     )
     competitor_source: str = field(
@@ -566,6 +575,8 @@ class UnlearnConfig(TrainingArguments):
             self.refusal_answers = list(DEFAULT_REFUSALS)
         if self.stop_on_violation and self.probe_interval == 0:
             raise ValueError("stop_on_violation needs probe_interval > 0.")
+        if self.masc_hinge not in MASC_HINGES:
+            raise ValueError(f"masc_hinge must be one of {MASC_HINGES}, got {self.masc_hinge!r}.")
         if self.masc_threshold not in MASC_THRESHOLDS:
             raise ValueError(f"masc_threshold must be one of {MASC_THRESHOLDS}, got {self.masc_threshold!r}.")
         if self.stop_target not in STOP_TARGETS:
