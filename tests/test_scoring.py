@@ -126,3 +126,35 @@ def test_greedy_decode_gives_generates_tokens_and_drops_finished_rows(tokenizer,
     # after the prompt, each step forwards only the rows still running
     running = [sum(length >= step for length in lengths) for step in range(1, 12)]
     assert batch_sizes[1:steps] == running[: steps - 1]
+
+
+def test_a_registered_metric_reads_the_one_pass(tokenizer, records):
+    from hf_unlearn.evaluation.scoring import ANSWER_METRICS, answer_metric, measure_answers
+
+    model = tiny_model(tokenizer, "qwen2", seed=6, **SMALL)
+    forwards = []
+    model.register_forward_pre_hook(lambda module, a, kwargs: forwards.append(1), with_kwargs=True)
+
+    @answer_metric("first_token_right", reads=("predictions",))
+    def first_token_right(scores, rho):
+        return {"first_token_right": sum(s.predictions[:1] == s.labels[:1] for s in scores) / len(scores)}
+
+    try:
+        rows = records[:5]
+        scores, values = measure_answers(
+            model, tokenizer, rows, ("first_token_right", "probability", "reproduction_bound"), k=4, batch_size=8
+        )
+        assert len(forwards) == 1  # one forward for three metrics
+        expected = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in rows]
+        assert [s.count for s in scores] == [sum(label != -100 for label in e["labels"][1:]) for e in expected]
+        assert values["first_token_right"] == sum(s.predictions[0] == s.labels[0] for s in scores) / 5
+        assert values["probability"] == sum(answer_probability(
+            model, tokenizer, [r["question"] for r in rows], [r["answer"] for r in rows], 8
+        )) / 5  # fmt: skip
+        assert 0 <= values["exact_reproduction_bound"] <= 1
+    finally:
+        ANSWER_METRICS.pop("first_token_right", None)
+    with pytest.raises(ValueError, match="reads \\['logits'\\]"):
+        answer_metric("bad", reads=("logits",))
+    with pytest.raises(ValueError, match="Unknown answer metric"):
+        measure_answers(model, tokenizer, records[:2], ("no_such_metric",))

@@ -11,12 +11,13 @@ score_teacher_forced`) and keeps, per example, what each of them reads:
 * ``violations``: with ``k``, the answer tokens whose restricted margin (:func:`hf_unlearn.objectives.margin.
   restricted_margin`, self-competitors, beta 1) is above ``tau``, and their number in ``violation_fraction``.
 
-A metric that reads one of these takes the scores instead of running its own forward (``scores=``).
+A metric is one registered function (:func:`answer_metric`) that declares what it reads; :func:`measure_answers` runs
+the one pass the requested metrics need (the margins only when one reads them) and computes them all from it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..objectives.margin import (
     exact_reproduction_bound,
     restricted_margin,
     shift_for_causal_lm,
+    threshold_from_probability,
     token_log_probs,
     violation_fractions,
 )
@@ -133,4 +135,99 @@ def bound_from(scores: Sequence[AnswerScores], rho: float) -> dict[str, float]:
     return {"mean": bounds.mean().item(), "max": bounds.max().item(), "violation_rate": fractions.mean().item()}
 
 
-__all__ = ["AnswerScores", "bound_from", "memorization_from", "score_answers", "score_qa_records"]
+#: What a pass can give a metric: ``log_probs`` (the sums and counts), ``predictions`` (teacher-forced argmaxes and
+#: labels) and ``margins`` (violation fractions of the restricted margin, at the metric's ``k`` and ``rho``).
+READS = ("log_probs", "predictions", "margins")
+
+
+@dataclass(frozen=True)
+class AnswerMetric:
+    """A metric of answers scored by :func:`score_answers`: what it reads and how it turns the scores into values."""
+
+    name: str
+    reads: frozenset[str]
+    compute: Callable[[Sequence[AnswerScores], float], dict[str, float]]
+
+
+#: Every registered answer metric by name (:func:`answer_metric`); :func:`measure_answers` runs one pass for any of
+#: them.
+ANSWER_METRICS: dict[str, AnswerMetric] = {}
+
+
+def answer_metric(name: str, reads: Sequence[str]) -> Callable[[Callable], Callable]:
+    """Register ``compute(scores, rho) -> {key: value}`` as the answer metric ``name`` reading ``reads`` (of
+    :data:`READS`)."""
+    unknown = set(reads) - set(READS)
+    if unknown:
+        raise ValueError(f"Answer metric {name!r} reads {sorted(unknown)}; a pass gives {', '.join(READS)}.")
+
+    def register(compute: Callable) -> Callable:
+        ANSWER_METRICS[name] = AnswerMetric(name, frozenset(reads), compute)
+        return compute
+
+    return register
+
+
+@answer_metric("probability", reads=("log_probs",))
+def mean_probability(scores: Sequence[AnswerScores], rho: float) -> dict[str, float]:
+    """TOFU's answer probability, averaged (NaN without answers)."""
+    values = [s.probability for s in scores]
+    return {"probability": sum(values) / len(values) if values else float("nan")}
+
+
+@answer_metric("memorization", reads=("predictions",))
+def memorization_metric(scores: Sequence[AnswerScores], rho: float) -> dict[str, float]:
+    """open-unlearning's exact memorisation and extraction strength (:func:`memorization_from`)."""
+    return memorization_from(scores)
+
+
+@answer_metric("reproduction_bound", reads=("margins",))
+def reproduction_bound_metric(scores: Sequence[AnswerScores], rho: float) -> dict[str, float]:
+    """MASC's exact-reproduction bound, its maximum and the violation rate (:func:`bound_from`)."""
+    bound = bound_from(scores, rho)
+    return {
+        "exact_reproduction_bound": bound["mean"],
+        "exact_reproduction_bound_max": bound["max"],
+        "violation_rate": bound["violation_rate"],
+    }
+
+
+def measure_answers(
+    model: Any,
+    tokenizer: Any,
+    records: Any,
+    metrics: Sequence[str],
+    k: int = 10,
+    rho: float = 0.5,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> tuple[list[AnswerScores], dict[str, float]]:
+    """The records' scores (one :func:`score_qa_records` pass, with the margins when a metric reads them) and the
+    values of the registered ``metrics`` computed from them."""
+    unknown = [name for name in metrics if name not in ANSWER_METRICS]
+    if unknown:
+        raise ValueError(f"Unknown answer metric(s) {unknown}; registered: {', '.join(ANSWER_METRICS)}.")
+    margins = any("margins" in ANSWER_METRICS[name].reads for name in metrics)
+    scores = score_qa_records(
+        model, tokenizer, records, k if margins else None, threshold_from_probability(rho), batch_size, show_progress,
+        prompt_template,
+    )  # fmt: skip
+    values: dict[str, float] = {}
+    for name in metrics:
+        values.update(ANSWER_METRICS[name].compute(scores, rho))
+    return scores, values
+
+
+__all__ = [
+    "ANSWER_METRICS",
+    "READS",
+    "AnswerMetric",
+    "AnswerScores",
+    "answer_metric",
+    "bound_from",
+    "measure_answers",
+    "memorization_from",
+    "score_answers",
+    "score_qa_records",
+]

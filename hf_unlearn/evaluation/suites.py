@@ -15,7 +15,6 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
-from ..objectives.margin import threshold_from_probability
 from .metrics import (
     evaluate_qa,
     forget_quality,
@@ -26,7 +25,7 @@ from .metrics import (
     retain_truth_ratio,
     truth_ratios,
 )
-from .scoring import bound_from, memorization_from, score_qa_records
+from .scoring import measure_answers
 
 
 def evaluate_unlearning(
@@ -52,10 +51,12 @@ def evaluate_unlearning(
     ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.data.prompts`).
     """
     shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
-    # One teacher-forced pass per set: probability, memorisation and (forget) the restricted margins read it.
-    scored = score_qa_records(model, tokenizer, forget, k=k, tau=threshold_from_probability(rho), **shared)
+    # One teacher-forced pass per set, read by every answer metric (evaluation/scoring.py's registry).
+    scored, forget_values = measure_answers(
+        model, tokenizer, forget, ("memorization", "reproduction_bound"), k=k, rho=rho, **shared
+    )
     result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, scores=scored, **shared)}
-    result["forget"].update(memorization_from(scored))
+    result["forget"].update({key: forget_values[key] for key in ("exact_memorization", "extraction_strength")})
     forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
     result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
     result["forget_truth_ratios"] = forget_ratios
@@ -63,10 +64,10 @@ def evaluate_unlearning(
     for name, records in {"retain": retain, **(extra_retain_sets or {})}.items():
         if records is None:
             continue
-        records_scored = score_qa_records(model, tokenizer, records, **shared)
+        records_scored, values = measure_answers(model, tokenizer, records, ("memorization",), **shared)
         metrics = evaluate_qa(model, tokenizer, records, scores=records_scored, **shared)
         # Not part of model utility (TOFU's harmonic mean is over probability, ROUGE and truth ratio only).
-        metrics.update(memorization_from(records_scored))
+        metrics.update(values)
         if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
             options = normalized_probabilities(model, tokenizer, records, **shared)
             if options:
@@ -84,9 +85,8 @@ def evaluate_unlearning(
         if retain_only_truth_ratios is not None and forget_ratios
         else None
     )
-    bound = bound_from(scored, rho)
-    result["exact_reproduction_bound"] = bound["mean"]
-    result["exact_reproduction_bound_max"] = bound["max"]
+    result["exact_reproduction_bound"] = forget_values["exact_reproduction_bound"]
+    result["exact_reproduction_bound_max"] = forget_values["exact_reproduction_bound_max"]
     return result
 
 
