@@ -368,185 +368,180 @@ class CompareSetting:
         return row
 
 
-def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) -> dict:
-    """Every method at every learning rate and seed from the same target (module docstring); ``lm_eval`` a scorer
-    from :func:`lm_eval_scorer`, or ``None``."""
-    target_model, tokenizer = setting.target_model, setting.tokenizer
-    forget, retain, calibration = setting.forget, setting.retain, setting.calibration
-    peft_config = setting.peft_config
-    state = {k: v.clone() for k, v in target_model.state_dict().items()}
+class Race:
+    """One race's shared state: the target's weights, the region (measured once), the settings every run gets, and
+    the one run builder both the MASC and the baseline runs go through (:meth:`train`)."""
 
-    def fresh_model():
-        model = type(target_model)(target_model.config)
-        model.load_state_dict(state)
+    def __init__(self, cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) -> None:
+        self.cli, self.setting, self.lm_eval = cli, setting, lm_eval
+        self.state = {k: v.clone() for k, v in setting.target_model.state_dict().items()}
+        self.before = setting.measure(setting.target_model)
+        self.never_trained = setting.measure(setting.reference_model, setting.reference_tokenizer)
+        if lm_eval is not None:
+            self.before["lm_eval"] = lm_eval(setting.target_model, setting.tokenizer)
+            self.never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
+        self.region = build_region(self.before, self.never_trained, cli)
+        self.region["never_trained_misses"] = region_misses(self.never_trained, self.region)
+        if self.region["never_trained_misses"]:
+            logger.warning(
+                "hf-unlearn compare: the never-trained model lies outside its own region "
+                f"({self.region['never_trained_misses']}): the region cannot tell a model that never saw the forget "
+                "set from one that did; widen the tolerances."
+            )
+        self.common = dict(
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_strategy="no",
+            per_device_train_batch_size=cli.per_device_train_batch_size,
+        )
+        self.masc_options = {
+            **parse_overrides(cli.masc_overrides),
+            **{
+                key: value
+                for key, value in (
+                    ("probe_interval", cli.masc_probe_interval),
+                    ("probe_size", cli.masc_probe_size),
+                    ("self_stop_max_steps", cli.masc_max_steps),
+                )
+                if value is not None
+            },
+        }
+        self.epochs = cli.epochs if cli.epochs is not None else setting.description["epochs"]
+        self.progress: Any = None
+
+    def fresh_model(self) -> Any:
+        model = type(self.setting.target_model)(self.setting.target_model.config)
+        model.load_state_dict(self.state)
         return model
 
-    fluency = setting.measure_fluency
-    measure = setting.measure
-    before = measure(target_model)
-    never_trained = measure(setting.reference_model, setting.reference_tokenizer)
-    if lm_eval is not None:
-        before["lm_eval"] = lm_eval(target_model, tokenizer)
-        never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
-    region = build_region(before, never_trained, cli)
-    region["never_trained_misses"] = region_misses(never_trained, region)
-    if region["never_trained_misses"]:
-        logger.warning(
-            "hf-unlearn compare: the never-trained model lies outside its own region "
-            f"({region['never_trained_misses']}): the region cannot tell a model that never saw the forget set from "
-            "one that did; widen the tolerances."
-        )
-    common = dict(
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        logging_strategy="no",
-        per_device_train_batch_size=cli.per_device_train_batch_size,
-    )
-    masc_options = {
-        **parse_overrides(cli.masc_overrides),
-        **{
-            key: value
-            for key, value in (
-                ("probe_interval", cli.masc_probe_interval),
-                ("probe_size", cli.masc_probe_size),
-                ("self_stop_max_steps", cli.masc_max_steps),
-            )
-            if value is not None
-        },
-    }
+    def train(
+        self, method: str, lr: float, seed: int, folder: str, options: dict, calibration: Any = None, callbacks=None
+    ) -> Any:
+        """One run: a fresh copy of the target trained with ``method`` at ``lr`` and ``seed`` (``options``: its other
+        UnlearnConfig settings), shown in the race's progress bar; returns the trainer."""
+        label = f"{method} lr={lr:g} seed={seed}"
+        self.progress.set_postfix_str(label)
+        args = UnlearnConfig(
+            output_dir=os.path.join(self.cli.output_dir, "runs", folder), overwrite_output_dir=True, method=method,
+            learning_rate=lr, seed=seed, **options, **self.common,
+        )  # fmt: skip
+        setting = self.setting
+        trainer = build_trainer(
+            self.fresh_model(), setting.tokenizer, args, setting.forget, setting.retain, calibration,
+            setting.peft_config, callbacks=callbacks, progress=(self.progress, label),
+        )  # fmt: skip
+        trainer.train()
+        return trainer
 
-    def finish(model: Any, row: dict) -> dict:
+    def finish(self, model: Any, row: dict) -> dict:
         """The final model's extra checks: fluency (TOFU) and NF4 (when asked)."""
-        extra: dict[str, Any] = {}
-        if fluency and "fluency" not in row["forget"]:
+        setting, tokenizer, extra = self.setting, self.setting.tokenizer, {}
+        if setting.measure_fluency and "fluency" not in row["forget"]:
             row["forget"]["fluency"] = answer_fluency(
                 model, tokenizer, setting.forget_records, reference_model=setting.reference_model
             )
-        if fluency:
+        if setting.measure_fluency:
             # the NLL level of fluent answers the never-trained model did not write: the target's, before unlearning
             extra["fluent"] = fluent_like(
-                row["forget"]["fluency"], never_trained["forget"]["fluency"],
-                fluent_nll=before["forget"]["fluency"].get("reference_nll"),
+                row["forget"]["fluency"], self.never_trained["forget"]["fluency"],
+                fluent_nll=self.before["forget"]["fluency"].get("reference_nll"),
             )  # fmt: skip
-        if lm_eval is not None:
-            extra["lm_eval"] = lm_eval(model, tokenizer)
-        if cli.quantization_check:
+        if self.lm_eval is not None:
+            extra["lm_eval"] = self.lm_eval(model, tokenizer)
+        if self.cli.quantization_check:
             start = time.perf_counter()
             extra["nf4"] = nf4_forget_check(model, tokenizer, setting.forget_records, row["forget"])
             extra["nf4"]["seconds"] = time.perf_counter() - start
         return extra
 
+    def masc_run(self, lr: float, seed: int) -> dict:
+        """A MASC run, stopping itself; it lands when the state it stopped at is in the region."""
+        trainer = self.train("masc", lr, seed, "masc", self.masc_options, calibration=self.setting.calibration)
+        record = trainer.record
+        start = time.perf_counter()
+        row = self.setting.measure(trainer.model)
+        measure_seconds = time.perf_counter() - start
+        return {
+            "learning_rate": lr,
+            "seed": seed,
+            "seconds": record.wall_seconds,
+            "probe_seconds": record.probe_seconds,
+            "probe_seconds_by_set": record.probe_seconds_by_set,
+            "measure_seconds": measure_seconds,
+            "steps": record.global_step,
+            "stop_kind": record.stop_kind,
+            "stop_reason": record.stop_reason,
+            # where the stop fired: every probe's forget / never-seen / retain readings
+            "probe_history": record.probe_history,
+            "landed": record.stop_kind == "target" and in_region(row, self.region),
+            "misses": region_misses(row, self.region),
+            **row,
+            **self.finish(trainer.model, row),
+        }
+
+    def baseline_run(self, method: str, lr: float, seed: int) -> dict:
+        """A baseline run: a fixed budget of epochs, measured after each; it lands at the end or at some epoch."""
+        start = time.perf_counter()
+        evaluator = _EpochEvaluator(self.setting.measure, start)
+        options = dict(num_train_epochs=self.epochs, probe_interval=0, stop_on_violation=False)
+        trainer = self.train(method, lr, seed, f"{method}-{lr:g}", options, callbacks=[evaluator])
+        first = next((row for row in evaluator.epochs if in_region(row, self.region)), None)
+        final = evaluator.epochs[-1]
+        seconds = time.perf_counter() - start
+        return {
+            "learning_rate": lr,
+            "seed": seed,
+            "seconds": seconds,
+            "measure_seconds": evaluator.measure_seconds,
+            "steps": final["step"],
+            "landed_at_end": in_region(final, self.region),
+            "misses": region_misses(first or final, self.region),
+            "landed_at_some_epoch": first is not None,
+            "time_to_region_seconds": first["seconds"] if first else None,
+            "forget": (first or final)["forget"],
+            "retain": (first or final)["retain"],
+            **({"real_knowledge": (first or final)["real_knowledge"]} if "real_knowledge" in final else {}),
+            "epochs": evaluator.epochs,
+            # at the budget's end: the model a fixed-budget run hands over
+            **self.finish(trainer.model, final),
+        }
+
+
+def race(cli: CompareArguments, setting: CompareSetting, lm_eval: Any = None) -> dict:
+    """Every method at every learning rate and seed from the same target (module docstring); ``lm_eval`` a scorer
+    from :func:`lm_eval_scorer`, or ``None``."""
+    state = Race(cli, setting, lm_eval)
     masc_rates = (cli.masc_learning_rates or cli.learning_rates) if cli.masc else []
     baselines = [m for m in cli.methods if m != "none"]
     total = len(cli.seeds) * (len(masc_rates) + len(baselines) * len(cli.learning_rates))
-    progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")
+    state.progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")
     methods: dict[str, dict] = {}
     runs: dict[str, list[dict]] = {"masc": []} if masc_rates else {}
-
-    for lr in masc_rates:
+    grid = [("masc", lr) for lr in masc_rates] + [(m, lr) for m in baselines for lr in cli.learning_rates]
+    for method, lr in grid:
         for seed in cli.seeds:
-            progress.set_postfix_str(f"masc lr={lr:g} seed={seed}")
-            args = UnlearnConfig(
-                output_dir=os.path.join(cli.output_dir, "runs", "masc"),
-                overwrite_output_dir=True, method="masc", learning_rate=lr, seed=seed,
-                **masc_options, **common,
-            )  # fmt: skip
-            trainer = build_trainer(
-                fresh_model(), tokenizer, args, forget, retain, calibration, peft_config,
-                progress=(progress, f"masc lr={lr:g} seed={seed}"),
-            )  # fmt: skip
-            trainer.train()
-            record = trainer.record
-            start = time.perf_counter()
-            row = measure(trainer.model)
-            measure_seconds = time.perf_counter() - start
-            runs["masc"].append(
-                {
-                    "learning_rate": lr,
-                    "seed": seed,
-                    "seconds": record.wall_seconds,
-                    "probe_seconds": record.probe_seconds,
-                    "probe_seconds_by_set": record.probe_seconds_by_set,
-                    "measure_seconds": measure_seconds,
-                    "steps": record.global_step,
-                    "stop_kind": record.stop_kind,
-                    "stop_reason": record.stop_reason,
-                    # where the stop fired: every probe's forget / never-seen / retain readings
-                    "probe_history": record.probe_history,
-                    "landed": record.stop_kind == "target" and in_region(row, region),
-                    "misses": region_misses(row, region),
-                    **row,
-                    **finish(trainer.model, row),
-                }
-            )
-            progress.update()
-            save_partial(cli.output_dir, region, runs)
-    if masc_rates:
-        methods["masc"] = summarize_runs(runs["masc"], "landed", "seconds")
-
-    for method in baselines:
-        runs[method] = []
-        for lr in cli.learning_rates:
-            for seed in cli.seeds:
-                progress.set_postfix_str(f"{method} lr={lr:g} seed={seed}")
-                args = UnlearnConfig(
-                    output_dir=os.path.join(cli.output_dir, "runs", f"{method}-{lr:g}"),
-                    overwrite_output_dir=True,
-                    method=method,
-                    learning_rate=lr,
-                    seed=seed,
-                    num_train_epochs=cli.epochs if cli.epochs is not None else setting.description["epochs"],
-                    probe_interval=0,
-                    stop_on_violation=False,
-                    **common,
-                )
-                start = time.perf_counter()
-                evaluator = _EpochEvaluator(measure, start)
-                trainer = build_trainer(
-                    fresh_model(), tokenizer, args, forget, retain, peft_config=peft_config, callbacks=[evaluator],
-                    progress=(progress, f"{method} lr={lr:g} seed={seed}"),
-                )  # fmt: skip
-                trainer.train()
-                first = next((row for row in evaluator.epochs if in_region(row, region)), None)
-                final = evaluator.epochs[-1]
-                seconds = time.perf_counter() - start
-                runs[method].append(
-                    {
-                        "learning_rate": lr,
-                        "seed": seed,
-                        "seconds": seconds,
-                        "measure_seconds": evaluator.measure_seconds,
-                        "steps": final["step"],
-                        "landed_at_end": in_region(final, region),
-                        "misses": region_misses(first or final, region),
-                        "landed_at_some_epoch": first is not None,
-                        "time_to_region_seconds": first["seconds"] if first else None,
-                        "forget": (first or final)["forget"],
-                        "retain": (first or final)["retain"],
-                        **(
-                            {"real_knowledge": (first or final)["real_knowledge"]} if "real_knowledge" in final else {}
-                        ),
-                        "epochs": evaluator.epochs,
-                        # at the budget's end: the model a fixed-budget run hands over
-                        **finish(trainer.model, final),
-                    }
-                )
-                progress.update()
-                save_partial(cli.output_dir, region, runs)
-        methods[method] = summarize_runs(runs[method], "landed_at_some_epoch", "time_to_region_seconds")
-        methods[method]["landed_at_end"] = sum(run["landed_at_end"] for run in runs[method])
-    progress.close()
+            run = state.masc_run(lr, seed) if method == "masc" else state.baseline_run(method, lr, seed)
+            runs.setdefault(method, []).append(run)
+            state.progress.update()
+            save_partial(cli.output_dir, state.region, runs)
+    for method in runs:
+        if method == "masc":
+            methods["masc"] = summarize_runs(runs["masc"], "landed", "seconds")
+        else:
+            methods[method] = summarize_runs(runs[method], "landed_at_some_epoch", "time_to_region_seconds")
+            methods[method]["landed_at_end"] = sum(run["landed_at_end"] for run in runs[method])
+    state.progress.close()
     result = {
         "benchmark": cli.benchmark,
-        "region": region,
+        "region": state.region,
         "methods": methods,
         "runs": runs,
-        "epochs": cli.epochs if cli.epochs is not None else setting.description["epochs"],
+        "epochs": state.epochs,
         "seeds": cli.seeds,
         "learning_rates": cli.learning_rates,
         "masc_learning_rates": masc_rates,
-        "masc_options": masc_options,
+        "masc_options": state.masc_options,
         "calibrate": cli.calibrate,
         **{k: v for k, v in setting.description.items() if k != "epochs"},
         "target_model": {
