@@ -44,16 +44,23 @@ from hf_unlearn.evaluation.bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, qa_membe
 # The parts of each measurement, each called the way the measurement calls the library.
 from hf_unlearn.evaluation.fluency import reference_nll  # noqa: E402
 from hf_unlearn.evaluation.membership import FORWARD_ATTACKS, gradient_norms, membership_scores  # noqa: E402
+from hf_unlearn.evaluation.memorization import evaluate_memorization  # noqa: E402
 from hf_unlearn.evaluation.metrics import (  # noqa: E402
-    GENERATION_BATCH_SIZE,
     answer_probability,
     default_max_new_tokens,
     generate_answers,
     option_scores,
     pad_token_id_of,
+    reproduction_bound,
     truth_ratios,
 )
-from hf_unlearn.evaluation.scoring import score_qa_records  # noqa: E402
+
+# The same script measures the library before the one scoring pass (the parts then call what it called).
+try:
+    from hf_unlearn.evaluation.metrics import GENERATION_BATCH_SIZE
+    from hf_unlearn.evaluation.scoring import score_qa_records
+except ImportError:
+    GENERATION_BATCH_SIZE, score_qa_records = 32, None  # the batch size of generation then
 from hf_unlearn.evaluation.suites import evaluate_benchmark, qa_evaluation_sets  # noqa: E402
 from hf_unlearn.jobs.compare import CompareSetting, nf4_forget_check  # noqa: E402
 from hf_unlearn.objectives.margin import threshold_from_probability  # noqa: E402
@@ -77,7 +84,15 @@ def eval_generation(model: Any, tokenizer: Any, *sets: Sequence[dict]) -> None:
 
 
 def eval_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> None:
-    """Probability, memorisation and (forget) the restricted margins from one pass per set; truth ratios."""
+    """Probability, memorisation and (forget) the restricted margins from one pass per set; truth ratios. Before
+    the one pass (no ``hf_unlearn.evaluation.scoring``): a pass each, as evaluate_unlearning ran them."""
+    if score_qa_records is None:
+        for records in (forget, retain):
+            answer_probability(model, tokenizer, *questions_answers(records))
+            evaluate_memorization(model, tokenizer, records)
+            truth_ratios(model, tokenizer, records)
+        reproduction_bound(model, tokenizer, forget)
+        return
     for records, k in ((forget, 10), (retain, None)):
         score_qa_records(model, tokenizer, records, k=k, tau=threshold_from_probability(0.5))
         truth_ratios(model, tokenizer, records)
@@ -119,7 +134,12 @@ def compare_generation_budgets(
 
 
 def compare_generation(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict], real: dict) -> None:
-    """forget and retain each at its own budget, the real-knowledge sets together (one loop, as the bundle does)."""
+    """forget and retain each at its own budget, the real-knowledge sets together (one loop, as the bundle does;
+    before, one per set)."""
+    if score_qa_records is None:
+        for records, budget in compare_generation_budgets(tokenizer, forget, retain, real):
+            generate_answers(model, tokenizer, questions_answers(records)[0], budget)
+        return
     for records in (forget, retain):
         questions, answers = questions_answers(records)
         generate_answers(
@@ -311,6 +331,11 @@ def measure_eval(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[
         lambda: forward_floor(model, members, pad_id, backward=True),
     )
     print_table("hf-unlearn eval (forget, retain, holdout)", rows, total)
+    # The issue's floor of the whole evaluation: the answers generated once, one forward+backward over every sequence.
+    backward, _ = timed([], lambda: forward_floor(model, qa + members, pad_id, backward=True))
+    whole = rows[0]["floor"] + backward
+    print(f"\nwhole evaluation {total:.1f} s against generate + one forward+backward over every sequence "
+          f"{whole:.1f} s ({rows[0]['floor']:.1f} + {backward:.1f}): {total / whole:.2f}x")  # fmt: skip
 
 
 def measure_compare(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[ForwardMeter], nf4: bool) -> None:
