@@ -108,6 +108,44 @@ def earlier_requests_back(
     return findings
 
 
+def checked_request_sets(
+    model: Any,
+    requests: Sequence[ForgetRequest],
+    retain_records: Any,
+    calibration_records: Any,
+    config: UnlearnConfig,
+    tokenize: dict[str, Any],
+) -> tuple[list[Any], Any, Any]:
+    """Every request's forget set, the retain and the calibration set, tokenized (``tokenize``: the tokenizer, the
+    columns and the prompt template) and checked as each request's trainer would check them, all before the first
+    request changes the model."""
+    from ..data.checks import check_unlearning_data
+    from ..objectives import FORGET_OBJECTIVES, get_objective
+
+    forget_sets = [build_qa_dataset(r.records, name=f"forget (request {r.name!r})", **tokenize) for r in requests]
+    retain = build_qa_dataset(retain_records, name="retain", **tokenize) if retain_records is not None else None
+    calibration = (
+        build_qa_dataset(calibration_records, name="calibration", **tokenize)
+        if calibration_records is not None
+        else None
+    )
+    needs_alternate = get_objective(FORGET_OBJECTIVES, config.objectives[0], "forget").needs_alternate
+    for request, forget in zip(requests, forget_sets, strict=True):
+        check_unlearning_data(
+            model,
+            forget,
+            retain,
+            calibration,
+            method=config.method,
+            retain_objective=config.objectives[1],
+            alternate_column=config.alternate_column if needs_alternate else None,
+            forget_objective=config.objectives[0],
+            forget_name=f"forget (request {request.name!r})",
+            retain_hint="retain_records (hf-unlearn sequence: --retain_data)",
+        )
+    return forget_sets, retain, calibration
+
+
 def unlearn_sequentially(
     model: Any,
     tokenizer: Any,
@@ -133,9 +171,6 @@ def unlearn_sequentially(
     ``output_dir`` gets the final model and tokenizer, its run record and model card, the
     request ledger, ``sequence.json`` / ``sequence.md`` and the sustainability plot ``sustainability.png``.
     """
-    from ..data.checks import check_unlearning_data
-    from ..objectives import FORGET_OBJECTIVES, get_objective
-
     requests = _requests(requests)
     tokenize = dict(
         tokenizer=tokenizer,
@@ -143,29 +178,9 @@ def unlearn_sequentially(
         answer_column=answer_column,
         prompt_template=prompt_template,
     )
-    forget_sets = [build_qa_dataset(r.records, name=f"forget (request {r.name!r})", **tokenize) for r in requests]
-    retain = build_qa_dataset(retain_records, name="retain", **tokenize) if retain_records is not None else None
-    calibration = (
-        build_qa_dataset(calibration_records, name="calibration", **tokenize)
-        if calibration_records is not None
-        else None
+    forget_sets, retain, calibration = checked_request_sets(
+        model, requests, retain_records, calibration_records, config, tokenize
     )
-
-    # What each request's trainer would refuse, for every request before the first one changes the model.
-    needs_alternate = get_objective(FORGET_OBJECTIVES, config.objectives[0], "forget").needs_alternate
-    for request, forget in zip(requests, forget_sets, strict=True):
-        check_unlearning_data(
-            model,
-            forget,
-            retain,
-            calibration,
-            method=config.method,
-            retain_objective=config.objectives[1],
-            alternate_column=config.alternate_column if needs_alternate else None,
-            forget_objective=config.objectives[0],
-            forget_name=f"forget (request {request.name!r})",
-            retain_hint="retain_records (hf-unlearn sequence: --retain_data)",
-        )
 
     def evaluation_sample(dataset: Any) -> Any:
         dataset = as_records_dataset(dataset)
@@ -356,6 +371,7 @@ def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
 
 __all__ = [
     "CAME_BACK_THRESHOLD",
+    "checked_request_sets",
     "ForgetRequest",
     "earlier_requests_back",
     "run_sequence_job",
