@@ -124,6 +124,25 @@ def test_two_sided_hinge_stops_at_the_counterpart_and_pulls_back_what_fell_below
     assert one_sided.item() == pytest.approx((2.0 - 0.5 + 0.9 - 0.5 + 0.7 - 0.5) / eta / 4)
 
 
+def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_level():
+    """calibration_match='token': ids the forget answers share with the never-seen answers get that id's mean
+    never-seen margin; the forget answers' own words are matched by rank to the never-seen answers' own words."""
+    from hf_unlearn.objectives.margin import calibration_gap, matched_thresholds, token_levels
+
+    never_seen = torch.tensor([5.0, 7.0, -4.0, 8.0, -6.0, -2.0])
+    never_seen_ids = torch.tensor([10, 10, 30, 11, 31, 32])  # 10 "was" twice, 11 the end of turn, 30-32 their names
+    ids, levels, own = token_levels(never_seen, never_seen_ids, shared_ids=torch.tensor([10, 11, 12, 20, 21]))
+    assert ids.tolist() == [10, 11] and levels.tolist() == [6.0, 8.0] and own.tolist() == [-6.0, -4.0, -2.0]
+    forget = torch.tensor([-1.0, 3.0, 0.5, -3.0])
+    forget_ids = torch.tensor([10, 11, 20, 21])  # "was" fell to -1 (its level 6), the end to 3 (level 8)
+    thresholds = matched_thresholds(forget, own, forget_ids, (ids, levels))
+    assert thresholds.tolist() == [6.0, 8.0, -2.0, -6.0]  # own words by rank: 0.5 the higher gets -2, -3 gets -6
+    by_rank = matched_thresholds(forget, never_seen.sort().values)
+    assert by_rank.tolist() != thresholds.tolist()
+    # the one-sided gap sees the own words' excess (2.5 and 3.0) and nothing of the fallen shared words
+    assert calibration_gap(forget, own, forget_ids, (ids, levels)) == pytest.approx((2.5 + 3.0) / 4)
+
+
 def test_hinge_rejects_batches_without_answer_tokens():
     result = restricted_margin(torch.randn(1, 3, 8), torch.full((1, 3), -100), k=2)
     with pytest.raises(ValueError, match="no answer tokens"):

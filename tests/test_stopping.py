@@ -10,7 +10,7 @@ from conftest import forget_set, hand_answer_probability, make_example, make_tin
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data.pairing import pad_examples
-from hf_unlearn.objectives.margin import calibration_gap, measure_violations
+from hf_unlearn.objectives.margin import calibration_gap, measure_violations, token_levels
 
 FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
@@ -28,11 +28,13 @@ def fresh(state):
     return model
 
 
-@pytest.mark.parametrize("reference", ["start", "current"])
-def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path, memorized_llama_state, reference):
+@pytest.mark.parametrize(("reference", "match"), [("start", "rank"), ("current", "rank"), ("start", "token")])
+def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
+    tmp_path, memorized_llama_state, reference, match
+):
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
-        config(tmp_path, calibration_reference=reference),
+        config(tmp_path, calibration_reference=reference, calibration_match=match),
         FORGET,
         RETAIN,
         calibration_dataset=NEVER_SEEN,
@@ -64,7 +66,14 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path,
     if reference == "start":
         # Measured once, before unlearning; every later probe's gap is against those margins, by hand.
         assert [h["calibration_measured"] for h in history] == [1.0] + [0.0] * (len(history) - 1)
-        by_hand = [calibration_gap(m, start_margins["margins"].sort().values) for m in forget_margins[1:]]
+        own, levels = start_margins["margins"].sort().values, None
+        if match == "token":  # shared ids against their own never-seen level, the rest by rank among the rest
+            ids, values, own = token_levels(
+                start_margins["margins"], start_margins["tokens"], trainer.probes.sets.forget_ids
+            )
+            assert len(ids) > 0 and len(own) > 0 and trainer.probes.calibration_levels[0].tolist() == ids.tolist()
+            levels = (ids, values)
+        by_hand = [calibration_gap(m["margins"], own, m["tokens"], levels) for m in forget_margins[1:]]
         assert [h["calibration_gap"] for h in history[1:]] == pytest.approx(by_hand, rel=1e-6)
     else:
         # Measured again only near the stop, and always at the probe that stops: the decisive gap is against

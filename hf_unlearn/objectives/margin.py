@@ -184,16 +184,60 @@ def calibrated_thresholds(margins: torch.Tensor, calibration_margins: torch.Tens
     return torch.quantile(calibration_margins.to(device=margins.device, dtype=torch.float32), positions)
 
 
-def calibration_gap(margins: torch.Tensor, calibration_margins: torch.Tensor) -> float:
+def token_levels(
+    margins: torch.Tensor, tokens: torch.Tensor, shared_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Never-seen margins split by token (beyond the MASC paper): for each token id of ``shared_ids`` (the ids the
+    forget answers use) that occurs in ``tokens``, its mean never-seen margin (``ids`` sorted, ``levels``); and the
+    sorted margins of the other never-seen tokens (the never-seen answers' own words: their names and facts)."""
+    margins, tokens = margins.detach().float().flatten(), tokens.flatten()
+    shared = torch.isin(tokens, shared_ids.to(tokens.device))
+    ids, inverse = torch.unique(tokens[shared], sorted=True, return_inverse=True)
+    sums = torch.zeros(len(ids), dtype=torch.float32, device=margins.device).index_add_(0, inverse, margins[shared])
+    counts = torch.bincount(inverse, minlength=len(ids)).float()
+    return ids, sums / counts.clamp(min=1), margins[~shared].sort().values
+
+
+def matched_thresholds(
+    margins: torch.Tensor,
+    calibration_margins: torch.Tensor,
+    tokens: torch.Tensor | None = None,
+    levels: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """Each forget token's never-seen counterpart. Without ``levels``: by rank (:func:`calibrated_thresholds`).
+    With ``levels`` (``(ids, values)`` of :func:`token_levels`) and the tokens' ids (beyond the MASC paper): a token
+    whose id the never-seen answers use too ("was", "born", the end of turn) gets that id's never-seen level, the
+    others (the forget answers' own names and facts) the never-seen answers' own words' margin at their rank among
+    themselves."""
+    if levels is None or tokens is None:
+        return calibrated_thresholds(margins, calibration_margins)
+    ids, values = (t.to(margins.device) for t in levels)
+    tokens = tokens.to(margins.device)
+    shared = torch.isin(tokens, ids)
+    thresholds = torch.empty_like(margins, dtype=torch.float32)
+    thresholds[shared] = values[torch.searchsorted(ids, tokens[shared])]
+    if bool((~shared).any()):
+        own = calibration_margins if calibration_margins.numel() else values
+        thresholds[~shared] = calibrated_thresholds(margins[~shared], own)
+    return thresholds
+
+
+def calibration_gap(
+    margins: torch.Tensor,
+    calibration_margins: torch.Tensor,
+    tokens: torch.Tensor | None = None,
+    levels: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> float:
     """How much more familiar the forget answers look than never-seen ones: the mean, over the forget tokens, of
-    ``relu(m_(i) - c(q_i))``, each sorted forget margin's excess over the never-seen margin at the same quantile (a
-    one-sided 1-Wasserstein distance between the two margin distributions, in logits; 0 when the forget margins
-    lie at or below never-seen data's everywhere)."""
+    ``relu(m_i - c_i)``, each forget margin's excess over its never-seen counterpart (:func:`matched_thresholds`; by
+    rank: the sorted margins against the never-seen margins at the same quantiles, a one-sided 1-Wasserstein
+    distance between the two margin distributions, in logits; 0 when the forget margins lie at or below never-seen
+    data's everywhere)."""
     if margins.numel() == 0:
         return 0.0
-    sorted_margins = margins.detach().float().sort().values
-    thresholds = calibrated_thresholds(sorted_margins, calibration_margins)
-    return torch.relu(sorted_margins - thresholds).mean().item()
+    margins = margins.detach().float()
+    thresholds = matched_thresholds(margins, calibration_margins, tokens, levels)
+    return torch.relu(margins - thresholds).mean().item()
 
 
 def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -251,7 +295,7 @@ def measure_violations(
     batch_size: int = 32,
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
-    ``margins``, every scored token's margin (for :func:`calibration_gap`).
+    ``margins``, every scored token's margin, with its id in ``tokens`` (for :func:`calibration_gap`).
 
     The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
     the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
@@ -262,7 +306,7 @@ def measure_violations(
     keep_supported = accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
-    fractions, lengths, probabilities, margins = [], [], [], []
+    fractions, lengths, probabilities, margins, tokens = [], [], [], [], []
     try:
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
@@ -280,6 +324,7 @@ def measure_violations(
             result = restricted_margin(shifted, labels, k=k, beta=beta, teacher_logits=teacher, delta=delta)
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
+            tokens.append(labels[result.mask].cpu())
             probabilities.append(answer_probabilities(logits, answer_labels)[0].cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())
@@ -292,4 +337,5 @@ def measure_violations(
         "lengths": all_lengths[scored],
         "probabilities": torch.cat(probabilities)[scored],
         "margins": torch.cat(margins),
+        "tokens": torch.cat(tokens),
     }

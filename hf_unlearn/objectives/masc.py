@@ -10,8 +10,8 @@ import torch
 from transformers.utils import logging
 
 from .margin import (
-    calibrated_thresholds,
     masc_hinge,
+    matched_thresholds,
     restricted_margin,
     shift_for_causal_lm,
 )
@@ -52,6 +52,7 @@ def _check_masc_k(model: Any, config: Any) -> None:
         "masc_eta",
         "masc_threshold",
         "masc_hinge",
+        "calibration_match",
         "competitor_source",
         "competitor_delta",
     ),
@@ -68,7 +69,9 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     "calibration"`` (beyond the paper) each token's never-seen counterpart: the calibration set's margin at the
     token's rank among the batch's forget tokens (:func:`~hf_unlearn.objectives.margin.calibrated_thresholds`), so the
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
-    ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up.
+    ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
+    ``calibration_match="token"`` (beyond the paper) a token the never-seen answers also use is held to that
+    token's own never-seen level (:func:`~hf_unlearn.objectives.margin.matched_thresholds`).
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
@@ -81,7 +84,12 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     tau: float | torch.Tensor = config.masc_tau
     if config.masc_threshold == "calibration":
         thresholds = torch.zeros_like(result.margins)
-        thresholds[result.mask] = calibrated_thresholds(result.margins[result.mask], inputs.calibration_margins)
+        thresholds[result.mask] = matched_thresholds(
+            result.margins[result.mask].detach(),
+            inputs.calibration_margins,
+            tokens=labels[result.mask],
+            levels=inputs.calibration_levels,
+        )
         tau = thresholds
     two_sided = config.masc_hinge == "two_sided" and config.masc_threshold == "calibration"
     return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)

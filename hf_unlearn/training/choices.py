@@ -31,6 +31,7 @@ FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 MASC_HINGES = ("one_sided", "two_sided")
+CALIBRATION_MATCHES = ("rank", "token")
 RETAIN_PROBES = ("screen", "every_probe")
 CALIBRATION_REFERENCES = ("start", "current")
 
@@ -113,6 +114,7 @@ def resolved_for_data(args: Any, has_calibration: bool) -> Any:
 
 
 __all__ = [
+    "CALIBRATION_MATCHES",
     "CALIBRATION_REFERENCES",
     "CUSTOM_METHOD",
     "DEFAULT_REFUSALS",

@@ -14,6 +14,7 @@ from transformers.utils import logging
 from ..objectives.margin import COMPETITOR_SOURCES, threshold_from_probability
 from ..surgery.combine import STRATEGIES
 from .choices import (
+    CALIBRATION_MATCHES,
     CALIBRATION_REFERENCES,
     CUSTOM_METHOD,
     DEFAULT_REFUSALS,
@@ -163,6 +164,14 @@ class UnlearnConfig(TrainingArguments):
             "help": "MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down "
             "to tau - eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its "
             "never-seen counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided."
+        },
+    )
+    calibration_match: str = field(
+        default="rank",
+        metadata={
+            "help": "How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the "
+            "never-seen margin at its rank) or 'token' (beyond the paper: a token the never-seen answers use too gets "
+            "that token's never-seen margin, the forget answers' own words are matched by rank to theirs)."
         },
     )
     competitor_source: str = field(
@@ -494,8 +503,16 @@ class UnlearnConfig(TrainingArguments):
             self.dataloader_pin_memory = False
             logger.info("UnlearnConfig: no accelerator, so dataloader_pin_memory=False.")
         resolve_method(self)
-        if self.competitor_source not in COMPETITOR_SOURCES:
-            raise ValueError(f"competitor_source must be one of {COMPETITOR_SOURCES}, got {self.competitor_source!r}.")
+        choices = (
+            ("competitor_source", COMPETITOR_SOURCES), ("forget_scoring", FORGET_SCORINGS),
+            ("stop_probe", STOP_PROBES), ("calibration_reference", CALIBRATION_REFERENCES),
+            ("retain_probe", RETAIN_PROBES), ("gradient_surgery", STRATEGIES),
+            ("calibration_match", CALIBRATION_MATCHES), ("masc_hinge", MASC_HINGES),
+            ("masc_threshold", MASC_THRESHOLDS), ("stop_target", STOP_TARGETS),
+        )  # fmt: skip
+        for name, allowed in choices:
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
         for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
             if not getattr(self, name) > 0:  # also catches NaN
                 raise ValueError(
@@ -517,8 +534,6 @@ class UnlearnConfig(TrainingArguments):
             raise ValueError(
                 f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {self.reference_dtype!r}."
             )
-        if self.forget_scoring not in FORGET_SCORINGS:
-            raise ValueError(f"forget_scoring must be one of {FORGET_SCORINGS}, got {self.forget_scoring!r}.")
         if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:
             raise ValueError(
                 "continuation_cut_min_ratio and continuation_cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
@@ -529,20 +544,12 @@ class UnlearnConfig(TrainingArguments):
                 "continuation_min_prefix_tokens must be >= 0 and continuation_min_suffix_tokens >= 1, got "
                 f"{self.continuation_min_prefix_tokens} and {self.continuation_min_suffix_tokens}."
             )
-        if self.stop_probe not in STOP_PROBES:
-            raise ValueError(f"stop_probe must be one of {STOP_PROBES}, got {self.stop_probe!r}.")
         if self.masc_k < 1:
             raise ValueError(f"masc_k must be at least 1, got {self.masc_k}.")
         if self.masc_eta <= 0:
             raise ValueError(f"masc_eta must be positive, got {self.masc_eta}.")
         if not 0.0 <= self.stop_alpha <= 1.0:
             raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {self.stop_alpha}.")
-        if self.calibration_reference not in CALIBRATION_REFERENCES:
-            raise ValueError(
-                f"calibration_reference must be one of {CALIBRATION_REFERENCES}, got {self.calibration_reference!r}."
-            )
-        if self.retain_probe not in RETAIN_PROBES:
-            raise ValueError(f"retain_probe must be one of {RETAIN_PROBES}, got {self.retain_probe!r}.")
         if self.calibration_refresh_margin is not None and self.calibration_refresh_margin < 0:
             raise ValueError(
                 f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
@@ -560,8 +567,6 @@ class UnlearnConfig(TrainingArguments):
                     f"{name} must be >= 0, got {value}: it scales a loss that is minimised, so a negative weight "
                     "would train the opposite of what the objective means."
                 )
-        if self.gradient_surgery not in STRATEGIES:
-            raise ValueError(f"gradient_surgery must be one of {STRATEGIES}, got {self.gradient_surgery!r}.")
         if self.gradient_surgery != "sum" and self.objectives[1] == "none":
             raise ValueError(
                 f"gradient_surgery={self.gradient_surgery!r} combines a forget and a retain gradient, but the "
@@ -575,12 +580,6 @@ class UnlearnConfig(TrainingArguments):
             self.refusal_answers = list(DEFAULT_REFUSALS)
         if self.stop_on_violation and self.probe_interval == 0:
             raise ValueError("stop_on_violation needs probe_interval > 0.")
-        if self.masc_hinge not in MASC_HINGES:
-            raise ValueError(f"masc_hinge must be one of {MASC_HINGES}, got {self.masc_hinge!r}.")
-        if self.masc_threshold not in MASC_THRESHOLDS:
-            raise ValueError(f"masc_threshold must be one of {MASC_THRESHOLDS}, got {self.masc_threshold!r}.")
-        if self.stop_target not in STOP_TARGETS:
-            raise ValueError(f"stop_target must be one of {STOP_TARGETS}, got {self.stop_target!r}.")
         if self.utility_floor is not None and not 0 <= self.utility_floor < 1:
             raise ValueError(
                 f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "

@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from ..objectives.margin import (
     measure_violations,
     restricted_margin,
     shift_for_causal_lm,
+    token_levels,
     violation_fractions,
 )
 
@@ -55,6 +57,8 @@ class ProbeSets:
     holdout: list[dict[str, Any]]
     retain: list[dict[str, Any]]
     calibration: list[dict[str, Any]]
+    #: every token id the trained forget answers score (``calibration_match='token'``: the ids they share)
+    forget_ids: torch.Tensor = dataclass_field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
     @classmethod
     def sample(
@@ -70,7 +74,9 @@ class ProbeSets:
         """Up to ``size`` examples of each set (seeded, in their order), the forget-like ones through ``score`` (the
         fixed continuation cut of ``forget_scoring='continuation'``, seeded by the example's index, else unchanged);
         every held-out forget example (``(index in the forget set, example)`` pairs)."""
+        scored = sorted({t for i, e in enumerate(trained) for t in score(model_inputs(e), i)["labels"] if t >= 0})
         return cls(
+            forget_ids=torch.tensor(scored, dtype=torch.long),
             train=[score(e, i) for i, e in enumerate(_sample(trained, size, seed))],
             holdout=[score(model_inputs(e), i) for i, e in held_out],
             retain=_sample(retain, size, seed + 1) if retain is not None else [],
@@ -120,6 +126,9 @@ class ProbeState:
         self.can_snapshot = can_snapshot
         self.running_sums: dict[str, torch.Tensor] = {}
         self.running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
+        self.running_tokens: list[torch.Tensor] = []  # and their token ids
+        # calibration_match='token': (ids, mean never-seen margins) of the ids the forget answers share
+        self.calibration_levels: tuple[torch.Tensor, torch.Tensor] | None = None
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
         self.calibration_latest: dict[str, float] = {}  # the last calibration measurement's rate and probability
         self.probes_since_calibration = 0
@@ -162,6 +171,7 @@ class ProbeState:
         self.running_sums["forget"] = self.running_sums["forget"] + stats if "forget" in self.running_sums else stats
         if self.calibrated:
             self.running_margins.append(margins.margins[margins.mask].float())
+            self.running_tokens.append(shifted_labels[margins.mask])
 
     @torch.no_grad()
     def accumulate_retain(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -177,13 +187,15 @@ class ProbeState:
         sums: dict[str, torch.Tensor] = {}
         processes = self.accelerator.num_processes
         if self.running_margins:
-            margins = torch.cat(self.running_margins)
+            margins, tokens = torch.cat(self.running_margins), torch.cat(self.running_tokens)
             if processes > 1:
-                margins = self.accelerator.pad_across_processes(margins, pad_index=float("nan"))
-                margins = self.accelerator.gather(margins)
-                margins = margins[~torch.isnan(margins)]
-            sums["forget_margins"] = margins.cpu()
-            self.running_margins = []
+                margins = self.accelerator.gather(
+                    self.accelerator.pad_across_processes(margins, pad_index=float("nan"))
+                )
+                tokens = self.accelerator.gather(self.accelerator.pad_across_processes(tokens, pad_index=-1))
+                margins, tokens = margins[~torch.isnan(margins)], tokens[tokens >= 0]
+            sums["forget_margins"], sums["forget_tokens"] = margins.cpu(), tokens.cpu()
+            self.running_margins, self.running_tokens = [], []
         for part, size in (("forget", 3), ("retain", 2)):
             total = self.running_sums.get(part)
             if total is None:
@@ -200,10 +212,14 @@ class ProbeState:
         last measured (the loss's thresholds between refreshes), the probes since then, and the fixed retain
         sample's start value (the screen's reference)."""
         exported = {part: total.tolist() for part, total in self.running_sums.items()}
-        if self.running_margins:  # the calibrated target's forget margins since the last probe
+        if self.running_margins:  # the calibrated target's forget margins since the last probe, and their tokens
             exported["forget_margins"] = torch.cat(self.running_margins).cpu().tolist()
+            exported["forget_tokens"] = [float(t) for t in torch.cat(self.running_tokens).cpu().tolist()]
         if self.calibration_margins is not None:
             exported["calibration_margins"] = self.calibration_margins.float().cpu().tolist()
+        if self.calibration_levels is not None:
+            exported["calibration_level_ids"] = [float(t) for t in self.calibration_levels[0].cpu().tolist()]
+            exported["calibration_levels"] = self.calibration_levels[1].float().cpu().tolist()
             exported["calibration_latest"] = [
                 self.calibration_latest.get("violation_rate_calibration", float("nan")),
                 self.calibration_latest.get("calibration_probability", float("nan")),
@@ -219,13 +235,21 @@ class ProbeState:
         process's sums) restores only what every process shares: the never-seen margins, the probes since they
         were measured and the screen's start value."""
         saved = dict(saved or {})
-        forget_margins = saved.pop("forget_margins", None)
+        device = self.args.device
+        forget_margins, forget_tokens = saved.pop("forget_margins", None), saved.pop("forget_tokens", None)
         self.running_margins = (
-            [torch.tensor(forget_margins, dtype=torch.float32, device=self.args.device)] if forget_margins else []
+            [torch.tensor(forget_margins, dtype=torch.float32, device=device)] if forget_margins else []
         )
+        self.running_tokens = [torch.tensor(forget_tokens, dtype=torch.long, device=device)] if forget_tokens else []
         margins = saved.pop("calibration_margins", None)
         if margins is not None:
-            self.calibration_margins = torch.tensor(margins, dtype=torch.float32, device=self.args.device)
+            self.calibration_margins = torch.tensor(margins, dtype=torch.float32, device=device)
+        level_ids, levels = saved.pop("calibration_level_ids", None), saved.pop("calibration_levels", None)
+        if level_ids is not None:
+            self.calibration_levels = (
+                torch.tensor(level_ids, dtype=torch.long, device=device),
+                torch.tensor(levels, dtype=torch.float32, device=device),
+            )
         latest = saved.pop("calibration_latest", None)
         if latest is not None:
             self.calibration_latest = {
@@ -237,7 +261,7 @@ class ProbeState:
             self.probes_since_calibration = int(probe_state[0])
             self.start_retain_probability = None if math.isnan(probe_state[1]) else probe_state[1]
         if not sums:
-            self.running_margins, self.running_sums = [], {}
+            self.running_margins, self.running_tokens, self.running_sums = [], [], {}
             return
         self.running_sums = {
             part: torch.tensor(values, dtype=torch.float64, device=self.args.device) for part, values in saved.items()
@@ -279,7 +303,11 @@ class ProbeState:
 
     def _measure_calibration(self) -> dict[str, torch.Tensor]:
         calibration = self._timed("calibration", self.sets.calibration)
-        self.calibration_margins = calibration["margins"].sort().values.to(self.args.device)
+        margins = calibration["margins"]
+        if self.args.calibration_match == "token":
+            ids, levels, margins = token_levels(margins, calibration["tokens"], self.sets.forget_ids)
+            self.calibration_levels = (ids.to(self.args.device), levels.to(self.args.device))
+        self.calibration_margins = margins.sort().values.to(self.args.device)
         self.calibration_latest = {
             "violation_rate_calibration": calibration["fractions"].mean().item(),
             "calibration_probability": calibration["probabilities"].mean().item(),
@@ -287,7 +315,12 @@ class ProbeState:
         self.probes_since_calibration = 0
         return calibration
 
-    def _calibration_is_stale(self, forget_margins: Mapping[str, torch.Tensor]) -> tuple[bool, float | None]:
+    def gap(self, forget: Mapping[str, torch.Tensor]) -> float:
+        """The calibration gap of one probe's forget margins and tokens against the never-seen reference held now."""
+        levels = None if self.calibration_levels is None else tuple(t.cpu() for t in self.calibration_levels)
+        return calibration_gap(forget["margins"], self.calibration_margins.cpu(), forget.get("tokens"), levels)
+
+    def _calibration_is_stale(self, forget_margins: Mapping[str, Any]) -> tuple[bool, float | None]:
         """Whether this probe can keep the never-seen margins last measured, and the gap against them.
 
         ``calibration_reference='start'``: always (they were measured once, before unlearning). ``'current'``: they
@@ -305,7 +338,7 @@ class ProbeState:
         stop_probe = self.args.stop_probe
         if stop_probe not in forget_margins:  # no forget margins to compare (no batch since the last probe)
             return start_reference, None
-        gap = calibration_gap(forget_margins[stop_probe], self.calibration_margins.cpu())
+        gap = self.gap(forget_margins[stop_probe])
         return (True, gap) if start_reference else (gap > self.args.calibration_slack + margin, gap)
 
     def _retain_reading(self, running: Mapping[str, torch.Tensor]) -> tuple[float | None, str]:
@@ -344,7 +377,7 @@ class ProbeState:
             measured["forget_probability_train"] = float(forget_running[1] / forget_running[2])
             train_examples = int(forget_running[2])
             if "forget_margins" in running:
-                forget_margins["train"] = running["forget_margins"]
+                forget_margins["train"] = {"margins": running["forget_margins"], "tokens": running["forget_tokens"]}
 
         for name, examples in (("train", self.sets.train), ("holdout", self.sets.holdout)):
             if not examples or f"violation_rate_{name}" in measured:
@@ -352,7 +385,7 @@ class ProbeState:
             margins = self._timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
-            forget_margins[name] = margins["margins"]
+            forget_margins[name] = {"margins": margins["margins"], "tokens": margins["tokens"]}
             if name == "train":
                 train_examples = len(margins["fractions"])
         # What to measure with a forward pass is decided before any of them, on rank 0's numbers: a sharded model's
@@ -367,12 +400,10 @@ class ProbeState:
                 if stale_gap is not None:
                     measured["calibration_gap"] = stale_gap
             else:
-                calibration = self._measure_calibration()
+                self._measure_calibration()
                 measured.update(self.calibration_latest)
                 if self.args.stop_probe in forget_margins:
-                    measured["calibration_gap"] = calibration_gap(
-                        forget_margins[self.args.stop_probe], calibration["margins"]
-                    )
+                    measured["calibration_gap"] = self.gap(forget_margins[self.args.stop_probe])
             measured["calibration_measured"] = float(not stale)
         stop_probe = self.args.stop_probe
         measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]

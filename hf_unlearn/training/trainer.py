@@ -345,6 +345,7 @@ class UnlearnTrainer(Trainer):
             reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
             num_items=num_items,
             calibration_margins=calibration,
+            calibration_levels=self.probes.calibration_levels,
             state=self.objective_state_callback.view(objective.name, writable=model.training),
         )
 
