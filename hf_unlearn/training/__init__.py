@@ -4,6 +4,7 @@ callbacks (:mod:`.callbacks`), the loss logs (:mod:`.loss_tracking`), output fol
 accounting (:mod:`.memory`), and the typed run record (:mod:`.record`, built by :mod:`.record_builder`) with its
 request ledger (:mod:`.ledger`)."""
 
+from .adapters import is_peft_model
 from .callbacks import (
     STOPPING_TARGETS,
     ObjectiveStateCallback,
@@ -91,7 +92,6 @@ from .reference import (
 from .trainer import (
     PARTS,
     UnlearnTrainer,
-    is_peft_model,
 )
 
 __all__ = [

@@ -8,6 +8,17 @@ from typing import Any
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a PEFT model (adapters on a base); False when PEFT is not installed."""
+    from transformers.utils import is_peft_available
+
+    if not is_peft_available():  # pragma: no cover - peft is a dependency, kept optional for users who strip it
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
 def lora_config(rank: int, target_modules: Any = DEFAULT_LORA_TARGETS, dropout: float = 0.05) -> Any:
     """A causal-LM LoRA adapter of ``rank`` on ``target_modules`` (a list of names, or ``"all-linear"``), or ``None``
     for full fine-tuning (rank 0). ``dropout`` 0 keeps training-mode forwards deterministic (the running probe needs

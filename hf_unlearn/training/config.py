@@ -202,18 +202,13 @@ class UnlearnConfig(TrainingArguments):
         },
     )
     stop_alpha: float = field(
-        default=0.2,
-        metadata={
-            "help": "Stopping rule with stop_target='alpha': stop once the violation rate (fraction of violating "
-            "answer tokens) <= alpha."
-        },
+        default=0.2, metadata={"help": "stop_target='alpha': stop once the violation rate of the probe <= alpha."}
     )
     calibration_slack: float = field(
         default=0.5,
         metadata={
-            "help": "Stopping rule with stop_target='calibration': stop once the calibration gap (the mean excess, in "
-            "logits, of the forget answers' sorted margins over the never-seen margins at the same quantiles) is at "
-            "most this."
+            "help": "stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the "
+            "forget answers' margins over their never-seen counterparts, see calibration_match) is at most this."
         },
     )
     utility_floor: float | None = field(
@@ -243,19 +238,16 @@ class UnlearnConfig(TrainingArguments):
     running_probe: bool = field(
         default=True,
         metadata={
-            "help": "Measure the 'train' probe's violation rate from the forget batches' own forward passes (the "
-            "examples trained on since the last probe) instead of an extra forward pass over a fixed sample. Falls "
-            "back to the extra forward when the model has dropout (training-mode margins differ from eval-mode ones)."
+            "help": "Measure the 'train' probe from the forget batches' own forward passes since the last probe, not "
+            "an extra forward over a fixed sample (that one is used when the model has dropout)."
         },
     )
     retain_probe: str = field(
         default="screen",
         metadata={
-            "help": "How the utility floor reads the retain side at a probe: 'screen' (with the running probe: the "
-            "retain batches' own forward passes since the last probe are the reading, and the fixed retain sample "
-            "is measured only at the start and when that reading is under twice the floor, so a failure is always "
-            "decided on the fixed sample) or 'every_probe' (the fixed sample at every probe: an extra forward pass "
-            "of probe_size retain examples each time)."
+            "help": "How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since "
+            "the last probe; the fixed retain sample is measured at the start and when that reading is under twice "
+            "the floor, so a failure is always decided on it) or 'every_probe' (the fixed sample at every probe)."
         },
     )
     calibration_reference: str = field(
@@ -272,11 +264,9 @@ class UnlearnConfig(TrainingArguments):
     calibration_refresh_margin: float | None = field(
         default=1.0,
         metadata={
-            "help": "calibration_reference='current': re-measure the never-seen margins at a probe only when the "
-            "calibration gap against the last ones measured is within this many logits of calibration_slack, or "
-            "when calibration_refresh_every probes have passed; a stop therefore always compares with fresh "
-            "margins. None: re-measure at every probe (an extra forward pass of probe_size calibration examples "
-            "each time)."
+            "help": "calibration_reference='current': re-measure the never-seen margins only when the gap against the "
+            "last ones is within this many logits of calibration_slack, or every calibration_refresh_every probes "
+            "(a stop always compares with fresh margins). None: at every probe."
         },
     )
     calibration_refresh_every: int = field(

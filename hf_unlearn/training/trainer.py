@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_utils import EvalLoopOutput
-from transformers.utils import is_peft_available, logging
+from transformers.utils import logging
 
 from ..data.checks import alternative_answer_examples, check_unlearning_data, warn_if_nothing_is_cut
 from ..data.examples import ensure_pad_token
@@ -35,7 +35,7 @@ from ..data.pairing import (
 from ..objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
 from ..objectives.registry import resolve_hyperparameters
 from ..surgery import SurgeryBuffers
-from .adapters import with_adapter
+from .adapters import is_peft_model, with_adapter
 from .base_model import anchored_base, with_base_weights
 from .callbacks import (
     ObjectiveStateCallback,
@@ -53,19 +53,10 @@ from .record import UnlearnRecord, run_datasets
 from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 
-if is_peft_available():
-    from peft import PeftModel
-else:  # pragma: no cover - peft is a dependency, kept optional for users who strip it
-    PeftModel = None
-
 logger = logging.get_logger(__name__)
 
 PARTS = ("forget", "retain")
 _UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
-
-
-def is_peft_model(model: nn.Module) -> bool:
-    return PeftModel is not None and isinstance(model, PeftModel)
 
 
 class UnlearnTrainer(Trainer):
@@ -700,4 +691,4 @@ class UnlearnTrainer(Trainer):
                     self.probes.start_retain_probability = callback.start_retain_probability
 
 
-__all__ = ["UnlearnTrainer", "is_peft_model"]
+__all__ = ["UnlearnTrainer"]
