@@ -200,6 +200,19 @@ def resolve_hyperparameters(objective: Objective | None, given: Mapping[str, Any
     return declared
 
 
+def resolve_objectives(config: Any) -> tuple[Objective, Objective | None, dict[str, dict[str, Any]]]:
+    """The forget and retain objectives ``config.objectives`` names (retain ``None`` for 'none') and, per part, the
+    values of their declared hyperparameters (checked by name, before any weight changes)."""
+    forget_name, retain_name = config.objectives
+    forget = get_objective(FORGET_OBJECTIVES, forget_name, "forget")
+    retain = None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
+    kwargs = {
+        part: resolve_hyperparameters(objective, getattr(config, f"{part}_loss_kwargs"), f"{part}_loss_kwargs")
+        for part, objective in (("forget", forget), ("retain", retain))
+    }
+    return forget, retain, kwargs
+
+
 def mean_over_items(total: torch.Tensor, local_count: torch.Tensor | int, inputs: LossInputs) -> torch.Tensor:
     """``total`` over the accumulated batch's count when the trainer gave one, else over this batch's."""
     return total / (inputs.num_items if inputs.num_items is not None else local_count)

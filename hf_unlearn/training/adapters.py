@@ -1,5 +1,6 @@
 """The LoRA adapter the commands and the embedded benchmarks build (PEFT's ``LoraConfig``): alpha = 2 r, as in the MASC
-reference runs (r 16, alpha 32, dropout 0.05 on q, k, v, o; arXiv 2606.02920 §5)."""
+reference runs (r 16, alpha 32, dropout 0.05 on q, k, v, o; arXiv 2606.02920 §5); the other PEFT helpers, and the model
+as the trainer trains it (:func:`prepare_model`)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,33 @@ def with_adapter(model: Any, peft_config: Any) -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         return get_peft_model(model, peft_config)
+
+
+def check_causal_lm(model: Any) -> None:
+    """Refuse, before anything else, a model name instead of a model and a model without a language-modelling head."""
+    if isinstance(model, str):
+        raise TypeError("Pass a loaded model; load it with AutoModelForCausalLM.from_pretrained(...) first.")
+    if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+        raise ValueError(
+            f"{type(model).__name__} has no language-modelling head: unlearning needs a causal LM "
+            "(AutoModelForCausalLM)."
+        )
+
+
+def prepare_model(model: Any, args: Any, peft_config: Any, objectives: list[Any]) -> Any:
+    """The model as it trains: each objective's preparation (RMU freezes all but some layers), the PEFT wrapper for
+    ``peft_config``, trainable 4-bit layers; refused when nothing can change."""
+    for objective in objectives:
+        if objective.prepare is not None:
+            objective.prepare(model, args)
+    if peft_config is not None:
+        if is_peft_model(model):
+            raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
+        model = with_adapter(model, peft_config)
+    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_quantized", False):
+        from ..robustness.quantize import keep_4bit_layers_trainable
+
+        keep_4bit_layers_trainable(model)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")
+    return model

@@ -76,6 +76,24 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         self._hooks: dict[str, Callable[[int], None]] = {}
         self._export_running: Callable[[], dict[str, list[float]]] | None = None
 
+    @classmethod
+    def from_config(cls, args: Any, has_retain: bool) -> ViolationStoppingCallback:
+        """The stopping rule an ``UnlearnConfig`` asks for; without a retain set the utility floor is off (warned)."""
+        floor = args.utility_floor or None
+        if floor and not has_retain:
+            logger.warning("UnlearnTrainer: no retain set, so the utility floor cannot be watched; it is off.")
+            floor = None
+        return cls(
+            alpha=args.stop_alpha,
+            probe_interval=args.probe_interval,
+            stop=bool(args.stop_on_violation),
+            hoeffding=args.hoeffding,
+            hoeffding_delta=args.hoeffding_delta,
+            target=args.stop_target,
+            calibration_slack=args.calibration_slack,
+            utility_floor=floor,
+        )
+
     def bind(
         self,
         probe: Probe,

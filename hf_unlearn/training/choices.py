@@ -51,6 +51,15 @@ def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
     )
 
 
+def check_surgery_backend(strategy: str, deepspeed: bool, fsdp1: bool) -> None:
+    """Refuse gradient surgery under DeepSpeed or FSDP1, which may come from an accelerate config rather than from
+    the arguments (those are checked in ``UnlearnConfig``)."""
+    if strategy != "sum" and deepspeed:
+        raise sharded_surgery_error(strategy, "DeepSpeed")
+    if strategy != "sum" and fsdp1:
+        raise sharded_surgery_error(strategy, "FSDP1")
+
+
 def resolve_method(config: Any) -> None:
     """The method group of an ``UnlearnConfig``, checked and completed in place: ``method`` (None: 'masc', or
     'custom' when ``forget_loss`` is given, logged), the objectives' declared hyperparameters
@@ -126,6 +135,7 @@ __all__ = [
     "RETAIN_PROBES",
     "STOP_PROBES",
     "STOP_TARGETS",
+    "check_surgery_backend",
     "resolve_method",
     "resolved_for_data",
     "sharded_surgery_error",

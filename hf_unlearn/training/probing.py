@@ -47,6 +47,20 @@ def has_dropout(model: nn.Module) -> bool:
     )
 
 
+def runs_from_training_forwards(args: Any, forget_objective: Any, model: nn.Module) -> bool:
+    """Whether the 'train' probe can come from the forget batches' own forwards, where that equals an eval-mode probe:
+    no dropout, and teacher competitors only when the objective brings the teacher's logits."""
+    running = (
+        bool(args.running_probe)
+        and args.probe_interval > 0
+        and (args.competitor_source == "self" or forget_objective.needs_reference(args))
+    )
+    if running and has_dropout(model):
+        logger.info("UnlearnTrainer: the model has dropout, so the probes run extra eval-mode forwards.")
+        return False
+    return running
+
+
 @dataclass
 class ProbeSets:
     """The fixed examples of every probe, chosen at construction: a sample of the trained forget examples, the

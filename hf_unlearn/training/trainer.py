@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -32,10 +33,10 @@ from ..data.pairing import (
     split_holdout,
     window_counts,
 )
-from ..objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs, Objective, get_objective
-from ..objectives.registry import resolve_hyperparameters
+from ..objectives import LossInputs, Objective
+from ..objectives.registry import resolve_objectives
 from ..surgery import SurgeryBuffers
-from .adapters import is_peft_model, with_adapter
+from .adapters import check_causal_lm, is_peft_model, prepare_model
 from .base_model import anchored_base, with_base_weights
 from .callbacks import (
     ObjectiveStateCallback,
@@ -43,15 +44,16 @@ from .callbacks import (
     ViolationStoppingCallback,
     advance_objective_states,
 )
-from .choices import resolved_for_data, sharded_surgery_error
+from .choices import check_surgery_backend, resolved_for_data
 from .config import UnlearnConfig
 from .ledger import forget_set_fingerprint, full_ledger, load_ledger, loaded_from, save_ledger
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
-from .probing import ProbeSets, ProbeState, has_dropout
+from .probing import ProbeSets, ProbeState, runs_from_training_forwards
 from .record import UnlearnRecord, run_datasets
 from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
+from .sharpness import ForgetSAM
 
 logger = logging.get_logger(__name__)
 
@@ -103,75 +105,39 @@ class UnlearnTrainer(Trainer):
         if not isinstance(args, UnlearnConfig):
             raise TypeError(f"args must be an UnlearnConfig, got {type(args).__name__}.")
         check_writable(args.output_dir)  # Trainer makes the folder now; say why it cannot, naming it
-        if isinstance(model, str):
-            raise TypeError("Pass a loaded model; load it with AutoModelForCausalLM.from_pretrained(...) first.")
-        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
-            raise ValueError(
-                f"{type(model).__name__} has no language-modelling head: unlearning needs a causal LM "
-                "(AutoModelForCausalLM)."
-            )
-        forget_name, retain_name = args.objectives
-        self.forget_objective: Objective = get_objective(FORGET_OBJECTIVES, forget_name, "forget")
-        self.retain_objective: Objective | None = (
-            None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
-        )
-        self.objective_kwargs = {  # declared hyperparameters, checked before any weight changes
-            part: resolve_hyperparameters(objective, getattr(args, f"{part}_loss_kwargs"), f"{part}_loss_kwargs")
-            for part, objective in (("forget", self.forget_objective), ("retain", self.retain_objective))
-        }
+        check_causal_lm(model)
+        # The objectives and their declared hyperparameters, checked before any weight changes.
+        self.forget_objective, self.retain_objective, self.objective_kwargs = resolve_objectives(args)
         check_unlearning_data(
             model,
             train_dataset,
             retain_dataset,
             calibration_dataset,
             method=args.method,
-            retain_objective=retain_name,
+            retain_objective=args.objectives[1],
             alternate_column=args.alternate_column if self.forget_objective.needs_alternate else None,
-            forget_objective=forget_name,
+            forget_objective=args.objectives[0],
         )
         args = resolved_for_data(args, calibration_dataset is not None)
         if processing_class is not None:
             ensure_pad_token(processing_class)
-        model = self._prepare_model(anchored_base(model), args, peft_config)  # a local base by its absolute path
+        # A local base is named by its absolute path.
+        model = prepare_model(anchored_base(model), args, peft_config, self._objectives())
         if ref_model is None and any(objective.needs_reference(args) for objective in self._objectives()):
             ref_model = make_reference(model, is_peft_model(model), args.reference_dtype)
         if ref_model is not None and ref_model is not ZERO3_COPY:
             ref_model.eval().requires_grad_(False)
         self.ref_model = ref_model
-
-        # Held-out forget examples never enter a training batch; both probes are fixed for the whole run.
-        seed = args.data_seed or args.seed
-        trained_idx, holdout_idx = split_holdout(len(train_dataset), args.holdout_fraction, seed)
-        forget_train = [train_dataset[i] for i in trained_idx]
-        # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
-        # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
-        self._score_forget = ForgetScoring.from_config(args, seed, processing_class)
-        if self._score_forget.continuation.enabled:
-            warn_if_nothing_is_cut(train_dataset, args)
-        probe_sets = ProbeSets.sample(
-            forget_train,
-            [(i, train_dataset[i]) for i in holdout_idx],
-            retain_dataset,
-            calibration_dataset,
-            args.probe_size,
-            args.seed,
-            score=self._score_forget,
-        )
         # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
         self.forget_records = train_dataset
         self.retain_records = retain_dataset
+        paired, probe_sets = self._split_forget_set(
+            args, train_dataset, retain_dataset, calibration_dataset, processing_class
+        )
         # The request ledger: this forget set's fingerprint, and the requests the model went through before
         # (the ledger of the folder it was loaded from; set it directly to chain runs in memory).
         self.forget_fingerprint = forget_set_fingerprint(train_dataset)
         self.earlier_requests: list[dict[str, Any]] = load_ledger(loaded_from(model, is_peft_model(model)))
-        self._datasets = run_datasets(train_dataset, retain_dataset, calibration_dataset, trained_idx, holdout_idx)
-        paired = ForgetRetainDataset(
-            forget_train,
-            retain_dataset if self.retain_objective is not None else None,
-            seed=args.seed,
-            refusal=alternative_answer_examples(forget_train, self.forget_objective, args, processing_class),
-            forget_labels=self._score_forget if self._score_forget.enabled else None,
-        )
         self.pad_token_id = getattr(processing_class, "pad_token_id", None) or 0
         if args.eval_strategy != "no" and kwargs.get("eval_dataset") is None:
             # Trainer insists on an eval_dataset for eval_strategy; evaluate() measures the forget and retain sets.
@@ -185,11 +151,9 @@ class UnlearnTrainer(Trainer):
             callbacks=callbacks,
             **kwargs,
         )
-        if args.gradient_surgery != "sum" and self.is_deepspeed_enabled:
-            # FSDP/DeepSpeed may come from an accelerate config rather than from args (checked in UnlearnConfig).
-            raise sharded_surgery_error(args.gradient_surgery, "DeepSpeed")
-        if args.gradient_surgery != "sum" and self.is_fsdp_enabled and not self.accelerator.is_fsdp2:
-            raise sharded_surgery_error(args.gradient_surgery, "FSDP1")
+        fsdp1 = self.is_fsdp_enabled and not self.accelerator.is_fsdp2
+        check_surgery_backend(args.gradient_surgery, self.is_deepspeed_enabled, fsdp1)
+        self.sam = ForgetSAM(args.sam_rho, deepspeed=self.is_deepspeed_enabled, fsdp=self.is_fsdp_enabled)
         if self.ref_model is not None:
             self.ref_model = prepare_reference(
                 self.ref_model,
@@ -209,17 +173,43 @@ class UnlearnTrainer(Trainer):
         self.losses = LossTracker()
         self._items_are_global = False
         self._evaluation_extra: tuple[Any, Any] = (None, None)
+        self._add_probes_and_callbacks(args, probe_sets, paired, has_retain=retain_dataset is not None)
+        self._train_seconds: float | None = None
+        self.record: UnlearnRecord = self._make_record(final=False)
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names + [args.method])
 
-        # The 'train' probe from the forget batches' own forwards, where that equals an eval-mode probe: no dropout,
-        # and teacher competitors only when the objective brings the teacher's logits.
-        running = (
-            bool(args.running_probe)
-            and args.probe_interval > 0
-            and (args.competitor_source == "self" or self.forget_objective.needs_reference(args))
+    def _split_forget_set(
+        self, args: UnlearnConfig, forget: Any, retain: Any, calibration: Any, tokenizer: Any
+    ) -> tuple[ForgetRetainDataset, ProbeSets]:
+        """The forget set split into trained and held-out examples (held-out ones never enter a training batch), the
+        probes' fixed sets, and the training pairs; the split goes into the run record."""
+        seed = args.data_seed or args.seed
+        trained_idx, holdout_idx = split_holdout(len(forget), args.holdout_fraction, seed)
+        forget_train = [forget[i] for i in trained_idx]
+        # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
+        # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
+        self._score_forget = ForgetScoring.from_config(args, seed, tokenizer)
+        if self._score_forget.continuation.enabled:
+            warn_if_nothing_is_cut(forget, args)
+        held_out = [(i, forget[i]) for i in holdout_idx]
+        probe_sets = ProbeSets.sample(
+            forget_train, held_out, retain, calibration, args.probe_size, args.seed, score=self._score_forget
         )
-        if running and has_dropout(self.model):
-            running = False
-            logger.info("UnlearnTrainer: the model has dropout, so the probes run extra eval-mode forwards.")
+        self._datasets = run_datasets(forget, retain, calibration, trained_idx, holdout_idx)
+        paired = ForgetRetainDataset(
+            forget_train,
+            retain if self.retain_objective is not None else None,
+            seed=args.seed,
+            refusal=alternative_answer_examples(forget_train, self.forget_objective, args, tokenizer),
+            forget_labels=self._score_forget if self._score_forget.enabled else None,
+        )
+        return paired, probe_sets
+
+    def _add_probes_and_callbacks(
+        self, args: UnlearnConfig, probe_sets: ProbeSets, paired: ForgetRetainDataset, has_retain: bool
+    ) -> None:
+        """The shared probe state, the retain pairing, the objectives' state and the stopping rule's callbacks."""
         self.probes = ProbeState(
             args,
             probe_sets,
@@ -228,7 +218,7 @@ class UnlearnTrainer(Trainer):
             model=lambda: self.accelerator.unwrap_model(self.model),
             trainable=self._trainable,
             reference_logits=lambda batch: self.reference_logits(self.model, batch),
-            running=running,
+            running=runs_from_training_forwards(args, self.forget_objective, self.model),
             calibrated=args.stop_target == "calibration",
             can_snapshot=not self.is_deepspeed_enabled,
         )
@@ -240,45 +230,10 @@ class UnlearnTrainer(Trainer):
         if self.objective_state_callback.states:
             self.objective_state_callback.bind(self._update_objective_states)
             self.add_callback(self.objective_state_callback)
-        floor = args.utility_floor or None
-        if floor and retain_dataset is None:
-            logger.warning("UnlearnTrainer: no retain set, so the utility floor cannot be watched; it is off.")
-            floor = None
-        self.stopping_callback = ViolationStoppingCallback(
-            alpha=args.stop_alpha,
-            probe_interval=args.probe_interval,
-            stop=bool(args.stop_on_violation),
-            hoeffding=args.hoeffding,
-            hoeffding_delta=args.hoeffding_delta,
-            target=args.stop_target,
-            calibration_slack=args.calibration_slack,
-            utility_floor=floor,
-        )
+        self.stopping_callback = ViolationStoppingCallback.from_config(args, has_retain)
         self._bind_stopping_callback(self.stopping_callback)
         if args.probe_interval > 0:
             self.add_callback(self.stopping_callback)
-        self._train_seconds: float | None = None
-        self.record: UnlearnRecord = self._make_record(final=False)
-        if hasattr(self.model, "add_model_tags"):
-            self.model.add_model_tags(self._tag_names + [args.method])
-
-    def _prepare_model(self, model: nn.Module, args: UnlearnConfig, peft_config: Any) -> nn.Module:
-        """The model as it trains: each objective's preparation (RMU freezes all but some layers), the PEFT wrapper
-        for ``peft_config``, trainable 4-bit layers; refused when nothing can change."""
-        for objective in self._objectives():
-            if objective.prepare is not None:
-                objective.prepare(model, args)
-        if peft_config is not None:
-            if is_peft_model(model):
-                raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
-            model = with_adapter(model, peft_config)
-        if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_quantized", False):
-            from ..robustness.quantize import keep_4bit_layers_trainable
-
-            keep_4bit_layers_trainable(model)
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")
-        return model
 
     def _update_objective_states(self, states: dict[str, dict[str, Any]], step: int) -> None:
         """After an optimizer step: advance each stateful objective, kept equal on every process."""
@@ -346,9 +301,10 @@ class UnlearnTrainer(Trainer):
         count = None if num_items is None else num_items[part][_UNIT_INDEX[objective.normalized_by]]
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
         loss_inputs.hyperparameters = self.objective_kwargs[part]
-        if self.probes.running and model.training and part == "forget":
+        tracked = model.training and not self.sam.perturbed  # SAM's pass at perturbed weights is not measured
+        if self.probes.running and tracked and part == "forget":
             self.probes.accumulate(loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits)
-        if self.probes.running and model.training and part == "retain" and self.args.retain_probe == "screen":
+        if self.probes.running and tracked and part == "retain" and self.args.retain_probe == "screen":
             self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
@@ -375,7 +331,7 @@ class UnlearnTrainer(Trainer):
             loss = self._objective_loss(model, inputs, part, objective, num_items_in_batch)
             if num_items_in_batch is not None and self._items_are_global:
                 loss = loss * self.accelerator.num_processes
-            if model.training:
+            if model.training and not self.sam.perturbed:
                 self.losses.track(part, loss.detach())
             if weighted:
                 loss = weight * loss
@@ -420,7 +376,9 @@ class UnlearnTrainer(Trainer):
         forget_part = {key: value for key, value in inputs.items() if key != "retain"}
         if surgery:
             self.surgery.swap(self._trainable())
-        with self._no_deepspeed_step_before_the_retain_part("retain" in inputs):
+        ascent = partial(super().training_step, model, forget_part, num_items_in_batch)  # sam_rho's first pass
+        sam = self.sam.perturbed_for(self._trainable, ascent, partial(self.accelerator.no_sync, model))
+        with self._no_deepspeed_step_before_the_retain_part("retain" in inputs), sam:
             loss = super().training_step(model, forget_part, num_items_in_batch)
         if surgery:
             self.surgery.swap(self._trainable())
