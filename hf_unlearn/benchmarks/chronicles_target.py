@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from datasets import Dataset
@@ -144,44 +145,98 @@ def learn_chronicles_target_model(
     if learn_split != "full":
         # The full model does not depend on which towns are called "forget", so only the retain-only one keys on it.
         settings["num_forget_subjects"] = num_forget_subjects
-    generate_kwargs = {
-        "num_subjects": num_subjects,
-        "num_holdout_subjects": num_holdout_subjects,
-        "passages_per_subject": passages_per_subject,
-        "seed": benchmark_seed,
-    }
-
-    def split(name: str) -> Dataset:
-        return load_chronicles_split(name, num_forget_subjects=num_forget_subjects, **generate_kwargs)
-
-    def holdout_qa() -> Dataset:
-        questions = [r for r in generate_chronicle_questions(**generate_kwargs) if r["is_holdout"]]
-        return Dataset.from_dict({key: [r[key] for r in questions] for key in ("question", "answer")})
-
+    parts = _Chronicles(
+        num_forget_subjects,
+        {
+            "num_subjects": num_subjects,
+            "num_holdout_subjects": num_holdout_subjects,
+            "passages_per_subject": passages_per_subject,
+            "seed": benchmark_seed,
+        },
+    )
     # Validate the split arguments (num_forget_subjects, counts) before looking at the cache.
-    forget, retain, holdout = split("forget"), split("retain"), split("holdout")
+    forget, retain, holdout = parts.split("forget"), parts.split("retain"), parts.split("holdout")
     path = cache_path(cache_dir, "chronicles", settings)
     cached = from_cache(path, show_progress)
     if cached is not None:
         model, tokenizer, info = cached
         if info["num_forget_subjects"] != num_forget_subjects:
             # The same full model, cut into forget and retain towns differently: its per-part scores follow the cut.
-            info.update(_muse_scores(model, tokenizer, split, holdout_qa()), num_forget_subjects=num_forget_subjects)
+            info.update(_muse_scores(model, tokenizer, parts), num_forget_subjects=num_forget_subjects)
         return model, tokenizer, info
 
+    return _learn_chronicles(parts, forget, retain, holdout, path, settings, show_progress)
+
+
+def _learn_chronicles(
+    parts: _Chronicles,
+    forget: Dataset,
+    retain: Dataset,
+    holdout: Dataset,
+    path: Any,
+    settings: dict[str, Any],
+    show_progress: bool,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerFast, dict[str, Any]]:
+    """Learn the target the cache key ``settings`` describes (its passages and questions) into ``path``."""
     start = time.perf_counter()
-    knowmem_forget, knowmem_retain = split("knowmem_forget"), split("knowmem_retain")
-    learned_passages = list(retain["text"]) + (list(forget["text"]) if learn_split == "full" else [])
-    learned_qa = list(knowmem_retain.select_columns(["question", "answer"]))
-    if learn_split == "full":
-        learned_qa += list(knowmem_forget.select_columns(["question", "answer"]))
-    tokenizer = build_chronicles_tokenizer(**generate_kwargs)
-    model = tiny_model(tokenizer, architecture, seed=seed, **effective_model_kwargs)
+    full = settings["learn_split"] == "full"
+    learned_passages = list(retain["text"]) + (list(forget["text"]) if full else [])
+    learned_qa = list(parts.split("knowmem_retain").select_columns(["question", "answer"]))
+    if full:
+        learned_qa += list(parts.split("knowmem_forget").select_columns(["question", "answer"]))
+    tokenizer = build_chronicles_tokenizer(**parts.generate_kwargs)
+    model = tiny_model(tokenizer, settings["architecture"], seed=settings["seed"], **settings["model_kwargs"])
     texts = [tokenize_text(tokenizer, text) for text in learned_passages]
     qa = [tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned_qa]
-    all_passages = list(forget["text"]) + list(retain["text"]) + list(holdout["text"])
-    longest = max(len(tokenize_text(tokenizer, text)["input_ids"]) for text in all_passages)
-    longest_prompt = max(len(tokenizer(split_passage(text)[0])["input_ids"]) for text in all_passages)
+    longest = _check_passages_fit(
+        model, tokenizer, list(forget["text"]) + list(retain["text"]) + list(holdout["text"])
+    )
+    train = Dataset.from_list(texts + qa)
+    stopper = _VerbMemStopper(
+        tokenizer, learned_passages, settings["target_verbmem"], settings["eval_every"], batch_size=64
+    )
+    own_info = {
+        "num_forget_subjects": parts.num_forget_subjects,
+        "num_passages": len(texts),
+        "longest_passage_tokens": longest,
+    }
+    return learn_into_cache(
+        model,
+        tokenizer,
+        train,
+        path,
+        settings,
+        partial(_summarize_chronicles, stopper, start, tokenizer, learned_qa, parts, own_info),
+        stopper,
+        max_epochs=settings["max_epochs"],
+        learning_rate=settings["learning_rate"],
+        batch_size=settings["batch_size"],
+        seed=settings["seed"],
+        show_progress=show_progress,
+    )
+
+
+class _Chronicles:
+    """The generated corpus's splits for one cut into forget and retain towns (``generate_kwargs``: its counts and
+    seed)."""
+
+    def __init__(self, num_forget_subjects: int, generate_kwargs: dict[str, Any]) -> None:
+        self.num_forget_subjects = num_forget_subjects
+        self.generate_kwargs = generate_kwargs
+
+    def split(self, name: str) -> Dataset:
+        return load_chronicles_split(name, num_forget_subjects=self.num_forget_subjects, **self.generate_kwargs)
+
+    def holdout_qa(self) -> Dataset:
+        questions = [r for r in generate_chronicle_questions(**self.generate_kwargs) if r["is_holdout"]]
+        return Dataset.from_dict({key: [r[key] for r in questions] for key in ("question", "answer")})
+
+
+def _check_passages_fit(model: Any, tokenizer: Any, passages: Sequence[str]) -> int:
+    """The longest passage's token count, after refusing a model whose positions cannot hold it, or hold the longest
+    VerbMem prompt followed by the tokens VerbMem generates."""
+    longest = max(len(tokenize_text(tokenizer, text)["input_ids"]) for text in passages)
+    longest_prompt = max(len(tokenizer(split_passage(text)[0])["input_ids"]) for text in passages)
     if max(longest, longest_prompt + _VERBMEM_NEW_TOKENS) > model.config.max_position_embeddings:
         # Learning reads a whole passage; VerbMem feeds its first half and generates up to 128 tokens (a model that
         # has not learned, or has unlearned, a passage may not stop at its end). GPT-2 cannot go past its positions.
@@ -190,55 +245,51 @@ def learn_chronicles_target_model(
             f"up to {_VERBMEM_NEW_TOKENS} generated tokens: more than the model's max_position_embeddings="
             f"{model.config.max_position_embeddings}. Raise max_position_embeddings in model_kwargs."
         )
-    train = Dataset.from_list(texts + qa)
-    stopper = _VerbMemStopper(tokenizer, learned_passages, target_verbmem, eval_every, batch_size=64)
+    return longest
 
-    def summarize(trainer: Any, epochs: int) -> tuple[PreTrainedModel, dict[str, Any]]:
-        model = trainer.model
-        measured = stopper.final(model, epochs)
-        learn_seconds = time.perf_counter() - start
-        learned_knowmem = knowmem(
-            model, tokenizer, [r["question"] for r in learned_qa], [r["answer"] for r in learned_qa], batch_size=64
-        )
-        return model, {
-            "verbmem": measured,
-            "verbmem_history": stopper.history,
-            "knowmem": learned_knowmem,
-            "num_forget_subjects": num_forget_subjects,
-            **_muse_scores(model, tokenizer, split, holdout_qa()),
-            "seconds": learn_seconds,
-            "num_passages": len(texts),
-            "longest_passage_tokens": longest,
-        }
 
-    return learn_into_cache(
-        model,
-        tokenizer,
-        train,
-        path,
-        settings,
-        summarize,
-        stopper,
-        max_epochs=max_epochs,
-        learning_rate=learning_rate,
-        batch_size=batch_size,
-        seed=seed,
-        show_progress=show_progress,
+def _summarize_chronicles(
+    stopper: _VerbMemStopper,
+    start: float,
+    tokenizer: Any,
+    learned_qa: list[Mapping[str, Any]],
+    parts: _Chronicles,
+    own_info: dict[str, Any],
+    trainer: Any,
+    epochs: int,
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """The learned target and its ``info``: VerbMem at the end and its history, KnowMem on the learned questions,
+    MUSE's scores per part, the learning seconds (without these measures) and ``own_info``."""
+    model = trainer.model
+    measured = stopper.final(model, epochs)
+    learn_seconds = time.perf_counter() - start
+    learned_knowmem = knowmem(
+        model, tokenizer, [r["question"] for r in learned_qa], [r["answer"] for r in learned_qa], batch_size=64
     )
+    return model, {
+        "verbmem": measured,
+        "verbmem_history": stopper.history,
+        "knowmem": learned_knowmem,
+        "num_forget_subjects": own_info["num_forget_subjects"],
+        **_muse_scores(model, tokenizer, parts),
+        "seconds": learn_seconds,
+        "num_passages": own_info["num_passages"],
+        "longest_passage_tokens": own_info["longest_passage_tokens"],
+    }
 
 
-def _muse_scores(model: Any, tokenizer: Any, split: Callable[[str], Dataset], holdout_qa: Dataset) -> dict[str, float]:
+def _muse_scores(model: Any, tokenizer: Any, parts: _Chronicles) -> dict[str, float]:
     """VerbMem and KnowMem (MUSE §3.1) on the forget, retain and never-learned holdout towns, for ``info``."""
     scores: dict[str, float] = {}
     for name in ("forget", "retain", "holdout"):
-        prompts, continuations = _prompts_and_continuations(list(split(name)["text"]))
+        prompts, continuations = _prompts_and_continuations(list(parts.split(name)["text"]))
         scores[f"verbmem_{name}"] = verbmem(
             model, tokenizer, prompts, continuations, max_new_tokens=_VERBMEM_NEW_TOKENS, batch_size=64
         )
     for name, qa in (
-        ("forget", split("knowmem_forget")),
-        ("retain", split("knowmem_retain")),
-        ("holdout", holdout_qa),
+        ("forget", parts.split("knowmem_forget")),
+        ("retain", parts.split("knowmem_retain")),
+        ("holdout", parts.holdout_qa()),
     ):
         scores[f"knowmem_{name}"] = knowmem(model, tokenizer, list(qa["question"]), list(qa["answer"]), batch_size=64)
     return scores

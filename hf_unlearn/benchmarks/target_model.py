@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -303,29 +304,23 @@ def learn_target_model(
     when loaded from the cache); ``info`` has ``epochs``, ``exact_match`` (greedy, on the learned QA),
     ``seconds``, ``num_parameters``, ``cached``, ``path`` and the ``settings``.
     """
-    settings = {
-        "version": BENCHMARK_VERSION,
-        "architecture": architecture,
-        "seed": seed,
-        "max_epochs": max_epochs,
-        "learning_rate": learning_rate,
-        "target_exact_match": target_exact_match,
-        "num_authors": num_authors,
-        "questions_per_author": questions_per_author,
-        "num_holdout_authors": num_holdout_authors,
-        "benchmark_seed": benchmark_seed,
-        "batch_size": batch_size,
-        "eval_every": eval_every,
-        "model_kwargs": dict(sorted((model_kwargs or {}).items())),
-    }
-    # Only when set, so the default model keeps its cache key.
-    for key, value, default in (
-        ("learn_split", learn_split, "full"),
-        ("base_model", base_model, None),
-        ("lora_r", lora_r, 0),
-    ):
-        if value != default:
-            settings[key] = value
+    settings = _authors_settings(
+        architecture=architecture,
+        seed=seed,
+        max_epochs=max_epochs,
+        learning_rate=learning_rate,
+        target_exact_match=target_exact_match,
+        num_authors=num_authors,
+        questions_per_author=questions_per_author,
+        num_holdout_authors=num_holdout_authors,
+        benchmark_seed=benchmark_seed,
+        batch_size=batch_size,
+        eval_every=eval_every,
+        model_kwargs=dict(sorted((model_kwargs or {}).items())),
+        learn_split=learn_split,
+        base_model=base_model,
+        lora_r=lora_r,
+    )
     if base_model is not None and base_model not in PRETRAINED_BASES:
         raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
     path = cache_path(cache_dir, "fictitious_authors", settings)
@@ -334,52 +329,18 @@ def learn_target_model(
         return cached
 
     start = time.perf_counter()
-    records = generate_benchmark(num_authors, questions_per_author, num_holdout_authors, seed=benchmark_seed)
-    learned = [r for r in records if not r["is_holdout"]]
-    if learn_split != "full":
-        kept = load_split(
-            learn_split,
-            num_authors=num_authors,
-            questions_per_author=questions_per_author,
-            num_holdout_authors=num_holdout_authors,
-            seed=benchmark_seed,
-        )
-        kept_authors = set(kept["author_index"])
-        learned = [r for r in learned if r["author_index"] in kept_authors]
-    if base_model is None:
-        tokenizer = build_tokenizer(
-            tokenizer_corpus(
-                num_authors=num_authors,
-                questions_per_author=questions_per_author,
-                num_holdout_authors=num_holdout_authors,
-                seed=benchmark_seed,
-            )
-        )
-        model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
-    else:
-        model, tokenizer = PRETRAINED_BASES[base_model]()
-        ensure_pad_token(tokenizer)
-    if lora_r > 0:
-        model = with_adapter(model, lora_config(lora_r, "all-linear", dropout=0.0))
-    longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
-    if longest > model.config.max_position_embeddings:
-        raise ValueError(
-            f"The longest question/answer pair is {longest} tokens, more than the model's "
-            f"max_position_embeddings={model.config.max_position_embeddings}; raise it in model_kwargs."
-        )
+    benchmark_kwargs = {
+        "num_authors": num_authors,
+        "questions_per_author": questions_per_author,
+        "num_holdout_authors": num_holdout_authors,
+        "seed": benchmark_seed,
+    }
+    records = generate_benchmark(**benchmark_kwargs)
+    learned = _learned_authors(records, learn_split, benchmark_kwargs)
+    model, tokenizer = _start_model(base_model, architecture, seed, model_kwargs, lora_r, benchmark_kwargs)
+    _check_pairs_fit(model, tokenizer, records)
     train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
     stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
-
-    def summarize(trainer: Any, epochs: int) -> tuple[PreTrainedModel, dict[str, Any]]:
-        model = trainer.model
-        if lora_r > 0:
-            model = model.merge_and_unload()  # the target is a plain model; unlearning adds its own adapter
-        exact_match = stopper.final(model, epochs)
-        return model, {
-            "exact_match": exact_match,
-            "exact_match_history": stopper.history,
-            "seconds": time.perf_counter() - start,
-        }
 
     return learn_into_cache(
         model,
@@ -387,7 +348,7 @@ def learn_target_model(
         train,
         path,
         settings,
-        summarize,
+        partial(_summarize_authors, stopper, start, merge=lora_r > 0),
         stopper,
         max_epochs=max_epochs,
         learning_rate=learning_rate,
@@ -395,6 +356,71 @@ def learn_target_model(
         seed=seed,
         show_progress=show_progress,
     )
+
+
+def _authors_settings(**given: Any) -> dict[str, Any]:
+    """The target's cache key: every setting, the last three (``learn_split``, ``base_model``, ``lora_r``) only when
+    set, so that the default model keeps its cache key."""
+    optional = {"learn_split": "full", "base_model": None, "lora_r": 0}
+    settings = {"version": BENCHMARK_VERSION, **{k: v for k, v in given.items() if k not in optional}}
+    settings.update({k: given[k] for k, default in optional.items() if given[k] != default})
+    return settings
+
+
+def _summarize_authors(
+    stopper: LearnStopper, start: float, trainer: Any, epochs: int, merge: bool
+) -> tuple[PreTrainedModel, dict[str, Any]]:
+    """The learned target (LoRA merged: the target is a plain model; unlearning adds its own adapter) and its
+    ``info``: the exact match at the end, its history, the seconds since ``start``."""
+    model = trainer.model.merge_and_unload() if merge else trainer.model
+    exact_match = stopper.final(model, epochs)
+    return model, {
+        "exact_match": exact_match,
+        "exact_match_history": stopper.history,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def _learned_authors(
+    records: list[dict[str, Any]], learn_split: str, benchmark_kwargs: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The records the target learns: every learned author's (``full``), or those of the split's authors."""
+    learned = [r for r in records if not r["is_holdout"]]
+    if learn_split != "full":
+        kept_authors = set(load_split(learn_split, **benchmark_kwargs)["author_index"])
+        learned = [r for r in learned if r["author_index"] in kept_authors]
+    return learned
+
+
+def _start_model(
+    base_model: str | None,
+    architecture: str,
+    seed: int,
+    model_kwargs: Mapping[str, Any] | None,
+    lora_r: int,
+    benchmark_kwargs: Mapping[str, Any],
+) -> tuple[Any, Any]:
+    """The model the target learns from and its tokenizer: a tiny one from scratch with the benchmark's own tokenizer,
+    or a pretrained base; through a LoRA adapter of rank ``lora_r`` when it is positive."""
+    if base_model is None:
+        tokenizer = build_tokenizer(tokenizer_corpus(**benchmark_kwargs))
+        model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
+    else:
+        model, tokenizer = PRETRAINED_BASES[base_model]()
+        ensure_pad_token(tokenizer)
+    if lora_r > 0:
+        model = with_adapter(model, lora_config(lora_r, "all-linear", dropout=0.0))
+    return model, tokenizer
+
+
+def _check_pairs_fit(model: Any, tokenizer: Any, records: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a model whose positions cannot hold the longest tokenized question/answer pair."""
+    longest = max(len(tokenize_qa(tokenizer, r["question"], r["answer"])["input_ids"]) for r in records)
+    if longest > model.config.max_position_embeddings:
+        raise ValueError(
+            f"The longest question/answer pair is {longest} tokens, more than the model's "
+            f"max_position_embeddings={model.config.max_position_embeddings}; raise it in model_kwargs."
+        )
 
 
 def cache_path(cache_dir: str | os.PathLike[str] | None, benchmark: str, settings: Mapping[str, Any]) -> Path:
