@@ -90,6 +90,9 @@ def _record_rows(record: UnlearnRecord) -> str:
     else:
         surgery_paper = next((f" ([paper]({url}))" for title, url in papers.items() if "Asymmetric" in title), "")
         rows.append(("Gradient surgery", f"`{record.gradient_surgery}`{surgery_paper}"))
+    if record.hyperparameters.get("sam_rho"):
+        sam_paper = next((f" ([paper]({url}))" for title, url in papers.items() if "Sharpness-Aware" in title), "")
+        rows.append(("Sharpness-aware forgetting", f"on, ρ = {_fmt(record.hyperparameters['sam_rho'])}{sam_paper}"))
     if record.extra.get("prompt_format"):
         # The format the facts were unlearned in: evaluating in another format measures something else.
         rows.append(("Prompt format", "`" + record.extra["prompt_format"].replace("|", "\\|") + "`"))

@@ -28,6 +28,7 @@ from .choices import (
     resolve_method,
     sharded_surgery_error,
 )
+from .sharpness import SAM_RHO_HELP, check_sam_config
 
 logger = logging.get_logger(__name__)
 
@@ -433,6 +434,7 @@ class UnlearnConfig(TrainingArguments):
             "is alpha."
         },
     )
+    sam_rho: float = field(default=0.0, metadata={"help": SAM_RHO_HELP})
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
     num_train_epochs: float | None = field(
@@ -470,6 +472,7 @@ class UnlearnConfig(TrainingArguments):
             raise sharded_surgery_error(self.gradient_surgery, "DeepSpeed")
         if self.gradient_surgery != "sum" and self.fsdp and _fsdp_version(self.fsdp_config) == 1:
             raise sharded_surgery_error(self.gradient_surgery, "FSDP1")
+        check_sam_config(self)
         # Budgets are checked before TrainingArguments reads them: Trainer would take one step for max_steps=0 and
         # save an untouched copy for zero epochs.
         if self.max_steps == 0 or (self.max_steps < -1):

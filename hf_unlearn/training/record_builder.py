@@ -11,6 +11,7 @@ from typing import Any
 from ..objectives.registry import resolve_hyperparameters
 from ..surgery import SURGERY_PAPER
 from .record import UnlearnRecord
+from .sharpness import SAM_PAPER
 
 # Training settings that shape every run, recorded next to each objective's own hyperparameters.
 TRAINING_HYPERPARAMETERS = (
@@ -61,6 +62,8 @@ def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
     hyperparameters it declared, as ``forget_loss_kwargs`` / ``retain_loss_kwargs``), and those of the stopping rule,
     the guards and continuation scoring where they are in use. Enum settings (scheduler, optimizer) by their value."""
     names = list(TRAINING_HYPERPARAMETERS)
+    if getattr(args, "sam_rho", 0):  # sharpness-aware forgetting: recorded when on
+        names.append("sam_rho")
     for objective in objectives:
         names += objective.hyperparameters
     if args.stop_on_violation:
@@ -76,12 +79,15 @@ def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
     return values
 
 
-def papers(objectives: Sequence[Any], gradient_surgery: str) -> list[dict[str, Any]]:
-    """The papers behind the run's objectives (and the surgery paper when surgery combines the gradients)."""
+def papers(objectives: Sequence[Any], gradient_surgery: str, sam_rho: float = 0.0) -> list[dict[str, Any]]:
+    """The papers behind the run's objectives (and the surgery paper when surgery combines the gradients, the
+    Unlearn-Smooth paper with ``sam_rho`` > 0)."""
     cited = [objective.paper for objective in objectives if objective.paper is not None]
     result = [{"title": p.title, "url": p.url, "authors": p.authors} for p in dict.fromkeys(cited)]
     if gradient_surgery != "sum":
         result.append(dict(zip(("title", "url", "authors"), SURGERY_PAPER)))
+    if sam_rho:
+        result.append(dict(zip(("title", "url", "authors"), SAM_PAPER)))
     return result
 
 
@@ -174,7 +180,7 @@ def build_record(
         retain_objective=retain.name if retain is not None else "none",
         gradient_surgery=args.gradient_surgery,
         hyperparameters=hyperparameters(args, objectives),
-        papers=papers(objectives, args.gradient_surgery),
+        papers=papers(objectives, args.gradient_surgery, getattr(args, "sam_rho", 0.0)),
         base_model=getattr(model.config, "_name_or_path", None) or None,
         adapter=adapter,
         stopping_rule=bool(args.stop_on_violation and args.probe_interval > 0),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -52,6 +53,7 @@ from .probing import ProbeSets, ProbeState, runs_from_training_forwards
 from .record import UnlearnRecord, run_datasets
 from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
+from .sharpness import ForgetSAM
 
 logger = logging.get_logger(__name__)
 
@@ -151,6 +153,7 @@ class UnlearnTrainer(Trainer):
         )
         fsdp1 = self.is_fsdp_enabled and not self.accelerator.is_fsdp2
         check_surgery_backend(args.gradient_surgery, self.is_deepspeed_enabled, fsdp1)
+        self.sam = ForgetSAM(args.sam_rho, deepspeed=self.is_deepspeed_enabled, fsdp=self.is_fsdp_enabled)
         if self.ref_model is not None:
             self.ref_model = prepare_reference(
                 self.ref_model,
@@ -298,9 +301,10 @@ class UnlearnTrainer(Trainer):
         count = None if num_items is None else num_items[part][_UNIT_INDEX[objective.normalized_by]]
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
         loss_inputs.hyperparameters = self.objective_kwargs[part]
-        if self.probes.running and model.training and part == "forget":
+        tracked = model.training and not self.sam.perturbed  # SAM's pass at perturbed weights is not measured
+        if self.probes.running and tracked and part == "forget":
             self.probes.accumulate(loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits)
-        if self.probes.running and model.training and part == "retain" and self.args.retain_probe == "screen":
+        if self.probes.running and tracked and part == "retain" and self.args.retain_probe == "screen":
             self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
@@ -327,7 +331,7 @@ class UnlearnTrainer(Trainer):
             loss = self._objective_loss(model, inputs, part, objective, num_items_in_batch)
             if num_items_in_batch is not None and self._items_are_global:
                 loss = loss * self.accelerator.num_processes
-            if model.training:
+            if model.training and not self.sam.perturbed:
                 self.losses.track(part, loss.detach())
             if weighted:
                 loss = weight * loss
@@ -372,7 +376,9 @@ class UnlearnTrainer(Trainer):
         forget_part = {key: value for key, value in inputs.items() if key != "retain"}
         if surgery:
             self.surgery.swap(self._trainable())
-        with self._no_deepspeed_step_before_the_retain_part("retain" in inputs):
+        ascent = partial(super().training_step, model, forget_part, num_items_in_batch)  # sam_rho's first pass
+        sam = self.sam.perturbed_for(self._trainable, ascent, partial(self.accelerator.no_sync, model))
+        with self._no_deepspeed_step_before_the_retain_part("retain" in inputs), sam:
             loss = super().training_step(model, forget_part, num_items_in_batch)
         if surgery:
             self.surgery.swap(self._trainable())
