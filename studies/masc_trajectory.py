@@ -41,7 +41,8 @@ class TokenMatched:
     the never-seen answers is held to that id's mean never-seen margin under the start model; the others (the forget
     set's own words) are matched by rank to the never-seen answers' own words. Measured once, before unlearning."""
 
-    def __init__(self, model, tokenizer, forget, calibration, k: int, two_sided: bool) -> None:
+    def __init__(self, model, tokenizer, forget, calibration, k: int, two_sided: bool, target_only: bool = False):
+        self.target_only = target_only
         forget_ids = {t for e in forget for t in e["labels"] if t != -100}
         per_id: dict[int, list[float]] = {}
         specific: list[float] = []
@@ -77,6 +78,9 @@ class TokenMatched:
         config = inputs.config
         logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
         result = restricted_margin(logits, labels, k=config.masc_k, beta=config.masc_beta)
+        if self.target_only:  # push the target's logit down without raising its competitors (beta = 1)
+            target = logits.gather(-1, labels.masked_fill(~result.mask, 0).unsqueeze(-1)).squeeze(-1).float()
+            result.margins = target - (target - result.margins).detach()
         tau = torch.zeros_like(result.margins)
         tau[result.mask] = self.thresholds(result.margins[result.mask].detach(), labels[result.mask])
         return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=self.two_sided)
@@ -153,6 +157,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--match", choices=("rank", "token", "token_two_sided"), default="rank")
+    parser.add_argument("--target_only", action="store_true", help="Competitors' logits get no gradient.")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     model, tokenizer, _ = learn_target_model()
@@ -169,7 +174,13 @@ def main() -> None:
     forget_data = build_qa_dataset(forget, tokenizer)
     if args.match != "rank":
         matched = TokenMatched(
-            model, tokenizer, forget_data, calibration, config.masc_k, args.match.endswith("two_sided")
+            model,
+            tokenizer,
+            forget_data,
+            calibration,
+            config.masc_k,
+            args.match.endswith("two_sided"),
+            args.target_only,
         )
         register_forget_objective("masc_token_matched", needs_calibration=lambda c: True)(matched.loss)
         config = UnlearnConfig(

@@ -160,7 +160,7 @@ class UnlearnConfig(TrainingArguments):
         },
     )
     masc_hinge: str = field(
-        default="one_sided",
+        default="two_sided",
         metadata={
             "help": "MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down "
             "to tau - eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its "
@@ -168,7 +168,7 @@ class UnlearnConfig(TrainingArguments):
         },
     )
     calibration_match: str = field(
-        default="rank",
+        default="token",
         metadata={
             "help": "How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the "
             "never-seen margin at its rank) or 'token' (beyond the paper: a token the never-seen answers use too gets "
