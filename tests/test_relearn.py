@@ -73,3 +73,53 @@ def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
     assert status == 0
     result = json.loads((tmp_path / "relearn_check.json").read_text())
     assert result["knowledge_returned"] is True and result["compared_with"].startswith("the reference")
+
+
+def test_sweep_reports_the_worst_case_of_the_grid(models):
+    """A 2 x 2 grid (lr x steps): each cell equals the attack run on its own at that setting (the shorter attacks are
+    read off the longer one's curve), and the worst case is the cell highest above the reference."""
+    from hf_unlearn.robustness.relearn import relearning_sweep, sweep_record, sweep_table
+
+    tokenizer, forget, target, suppressed, reference = models
+    given = dict(reference_model=reference, target_model=target)
+    sweep = relearning_sweep(suppressed, tokenizer, forget, learning_rates=(1e-4, 1e-3), steps=(5, 10), **given)
+    assert [(row["learning_rate"], row["steps"]) for row in sweep["grid"]] == [
+        (1e-4, 5), (1e-4, 10), (1e-3, 5), (1e-3, 10)
+    ]  # fmt: skip
+    for row in sweep["grid"]:
+        alone = check_relearning_robustness(
+            suppressed, tokenizer, forget, steps=row["steps"], learning_rate=row["learning_rate"], **given
+        )
+        assert row["excess_rouge_l_recall"] == pytest.approx(alone["excess_rouge_l_recall"], abs=1e-12)
+        assert row["recovered_fraction"] == pytest.approx(alone["recovered_fraction"], abs=1e-12)
+    excess = [row["excess_rouge_l_recall"] for row in sweep["grid"]]
+    assert len(set(excess)) > 1  # the grid's cells differ, so picking the worst is a choice
+    assert sweep["worst"]["excess_rouge_l_recall"] == max(excess)
+    assert sweep["largest_recovered_fraction"] == max(row["recovered_fraction"] for row in sweep["grid"])
+    record = sweep_record(sweep)
+    assert record["excess_rouge_l_recall"] == max(excess) and record["knowledge_returned"] is True
+    assert "Worst case: lr" in sweep_table(sweep) and "attacks" not in record["sweep"]
+
+
+def test_cli_relearn_check_sweep_on_related_text(models, tmp_path):
+    """--sweep with --relearn_data: related QA that is not the forget set (here other authors' questions); the whole
+    forget set is measured, and the sweep's worst case goes into relearn_check.json."""
+    tokenizer, forget, _, suppressed, reference = models
+    from hf_unlearn.benchmarks import load_split
+
+    for name, model in (("suppressed", suppressed), ("reference", reference)):
+        save_model_folder(tmp_path / name, model, tokenizer)
+    (tmp_path / "forget.jsonl").write_text("\n".join(json.dumps(r) for r in forget))
+    related = list(load_split("retain95").select(range(20, 30)).select_columns(["question", "answer"]))
+    (tmp_path / "related.jsonl").write_text("\n".join(json.dumps(r) for r in related))
+    status = main(
+        ["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--forget_data",
+         str(tmp_path / "forget.jsonl"), "--relearn_data", str(tmp_path / "related.jsonl"), "--reference_model",
+         str(tmp_path / "reference"), "--sweep", "--sweep_learning_rates", "1e-4", "1e-3", "--sweep_steps", "5",
+         "--output_dir", str(tmp_path)]
+    )  # fmt: skip
+    assert status == 0
+    result = json.loads((tmp_path / "relearn_check.json").read_text())
+    assert len(result["grid"]) == 2 and result["relearn_data"] == "given"
+    assert result["measured_examples"] == len(forget)
+    assert result["worst"]["excess_rouge_l_recall"] == max(row["excess_rouge_l_recall"] for row in result["grid"])

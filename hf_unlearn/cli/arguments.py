@@ -290,6 +290,17 @@ class RelearnCheckArguments(CheckArguments, ReferenceModelArguments):
     batch_size: int = field(default=4, metadata={"help": "Examples per attack step."})
     measure_every: int = field(default=5, metadata={"help": "Measure the rest of the forget set every N steps."})
     seed: int = field(default=0, metadata={"help": "Seed of the split and the batch order."})
+    sweep: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the attack over sweep_learning_rates x sweep_steps and report the worst case (instead of "
+            "--steps / --learning_rate)."
+        },
+    )
+    sweep_learning_rates: list[float] = field(
+        default_factory=lambda: [1e-4, 1e-3], metadata={"help": "Attacker learning rates of --sweep."}
+    )
+    sweep_steps: list[int] = field(default_factory=lambda: [10, 20, 50], metadata={"help": "Steps of --sweep."})
 
 
 @dataclass
@@ -303,6 +314,12 @@ class AuditArguments(CheckArguments, ReferenceModelArguments, LmEvalArguments):
     modes: list[str] = field(default_factory=lambda: ["nf4"], metadata={"help": "Quantizations to check."})
     relearn_steps: int = field(default=20, metadata={"help": "Fine-tuning steps of the relearning attack."})
     relearn_learning_rate: float = field(default=1e-4, metadata={"help": "Learning rate of the relearning attack."})
+    relearn_sweep: bool = field(
+        default=False,
+        metadata={
+            "help": "Judge relearning by the worst case of the attacker's grid (lr 1e-4/1e-3 x 10/20/50 steps)."
+        },
+    )
 
 
 @dataclass

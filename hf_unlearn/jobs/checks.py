@@ -75,29 +75,31 @@ def run_relearn_check_job(cli: Any) -> dict:
     the rest (:func:`hf_unlearn.robustness.relearn.check_relearning_robustness`); write relearn_check.json, and add
     the result to the model's run record and card when it has one. The saved model is never modified."""
     cli.require_model("relearn-check")
-    from ..robustness.relearn import check_relearning_robustness, relearning_table
+    from ..robustness import relearn as attack
 
     record = saved_record(cli.model_name_or_path)
     forget, _, prompt_template = check_data(cli, record, "relearn-check")
     relearn = user_records(cli.relearn_data, "relearning", cli) if cli.relearn_data else None
     model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path, base_model=cli.base_model)
-    references = check_models(cli, record)
-    result = check_relearning_robustness(
-        model,
-        tokenizer,
-        forget,
+    common = dict(
         relearn_records=relearn,
-        steps=cli.steps,
-        learning_rate=cli.learning_rate,
         relearn_fraction=cli.relearn_fraction,
         batch_size=cli.batch_size,
         measure_every=cli.measure_every,
         seed=cli.seed,
         prompt_template=prompt_template,
-        **references,
+        **check_models(cli, record),
+    )
+    if cli.sweep:  # the worst case over the attacker's grid; the record keeps it as its relearning result
+        sweep = attack.relearning_sweep(model, tokenizer, forget, cli.sweep_learning_rates, cli.sweep_steps, **common)
+        write_check(cli, record, "relearn_check.json", sweep, relearning=attack.sweep_record(sweep))
+        print(attack.sweep_table(sweep))
+        return sweep
+    result = attack.check_relearning_robustness(
+        model, tokenizer, forget, steps=cli.steps, learning_rate=cli.learning_rate, **common
     )
     write_check(cli, record, "relearn_check.json", result, relearning=result)
-    print(relearning_table(result))
+    print(attack.relearning_table(result))
     return result
 
 
@@ -143,6 +145,7 @@ def run_audit_job(cli: Any) -> dict:
         relearn_steps=cli.relearn_steps,
         relearn_learning_rate=cli.relearn_learning_rate,
         prompt_template=prompt_template,
+        relearn_sweep=cli.relearn_sweep,
         **check_models(cli, record),
     )
     fields = audit_record_fields(audit)

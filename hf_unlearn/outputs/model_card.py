@@ -154,14 +154,21 @@ def _robustness_section(audit: dict | None) -> str:
 def _relearning_section(relearning: dict | None) -> str:
     if not relearning:
         return ""
-    from ..robustness.relearn import relearning_table
+    from ..robustness.relearn import relearning_table, sweep_table
 
     settings = relearning["settings"]
     return (
         "## Relearning check\n\n"
         f"A copy fine-tuned for {settings['steps']} steps (lr {settings['learning_rate']:g}) on "
         f"{relearning['relearn_examples']} forget examples ({relearning['relearn_data']}); measured on the other "
-        f"{relearning['measured_examples']}.\n\n" + relearning_table(relearning) + "\n"
+        f"{relearning['measured_examples']}.\n\n"
+        + relearning_table(relearning)
+        + "\n"
+        + (
+            f"\nThe attacker's sweep (worst case):\n\n{sweep_table(relearning['sweep'])}\n"
+            if "sweep" in relearning
+            else ""
+        )
     )
 
 

@@ -80,31 +80,34 @@ def run_audit(
     relearn_steps: int = 20,
     relearn_learning_rate: float = 1e-4,
     prompt_template: str | None = None,
+    relearn_sweep: bool = False,
 ) -> dict[str, Any]:
     """Quantization, relearning and (with ``holdout_records``) membership checks of ``model`` (never modified), and
-    a verdict per check: ``{"quantization", "relearning", "membership", "verdicts"}``."""
+    a verdict per check: ``{"quantization", "relearning", "membership", "verdicts"}``. ``relearn_sweep``: the
+    relearning attack over :func:`~hf_unlearn.robustness.relearn.relearning_sweep`'s default grid instead of
+    ``relearn_steps`` / ``relearn_learning_rate``, judged by its worst case."""
     from .quantize import check_quantization_robustness
-    from .relearn import RELEARN_THRESHOLD, check_relearning_robustness
+    from .relearn import RELEARN_THRESHOLD, check_relearning_robustness, relearning_sweep, sweep_record
 
     quantization = check_quantization_robustness(
         model, tokenizer, forget_records, retain_records, modes=tuple(modes), prompt_template=prompt_template
     )
-    relearning = check_relearning_robustness(
-        model,
-        tokenizer,
-        forget_records,
-        reference_model=reference_model,
-        target_model=target_model,
-        steps=relearn_steps,
-        learning_rate=relearn_learning_rate,
-        prompt_template=prompt_template,
-    )
+    models = dict(reference_model=reference_model, target_model=target_model, prompt_template=prompt_template)
+    if relearn_sweep:
+        relearning = sweep_record(relearning_sweep(model, tokenizer, forget_records, **models))
+        worst = relearning["sweep"]["worst"]
+        attack = f"in the worst case of the sweep (lr {worst['learning_rate']:g}, {worst['steps']} steps)"
+    else:
+        relearning = check_relearning_robustness(
+            model, tokenizer, forget_records, steps=relearn_steps, learning_rate=relearn_learning_rate, **models
+        )
+        attack = f"after {relearn_steps} steps"
     verdicts = {
         "quantization": quantization_verdict(quantization, modes),
         "relearning": {
             "passed": not relearning["knowledge_returned"],
             "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L against {relearning['compared_with']} "
-            f"after {relearn_steps} steps",
+            + attack,
             "threshold": f"more than +{RELEARN_THRESHOLD} ROUGE-L",
         },
     }
@@ -165,7 +168,7 @@ def audit_record_fields(audit: dict[str, Any]) -> dict[str, Any]:
 def audit_markdown(audit: dict[str, Any]) -> str:
     """The verdict table, then each check's own table."""
     from .quantize import quantization_table
-    from .relearn import relearning_table
+    from .relearn import relearning_table, sweep_table
 
     lines = ["| check | result | finding | threshold |", "|---|---|---|---|"]
     for check, verdict in audit["verdicts"].items():
@@ -173,6 +176,8 @@ def audit_markdown(audit: dict[str, Any]) -> str:
         lines.append(f"| {check} | {status} | {verdict['finding']} | {verdict['threshold']} |")
     lines += ["", "### Quantization", "", quantization_table(audit["quantization"]), ""]
     lines += ["### Relearning", "", relearning_table(audit["relearning"]), ""]
+    if "sweep" in audit["relearning"]:
+        lines += ["The attacker's sweep:", "", sweep_table(audit["relearning"]["sweep"]), ""]
     membership = audit.get("membership")
     if membership:
         lines += ["### Membership attacks (MUSE's orientation: AUC 0 = forget set recognised, 0.5 = chance)", ""]
