@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from hf_unlearn.cli import commands
 from hf_unlearn.cli.main import main
 
@@ -62,3 +64,20 @@ def test_a_bad_command_is_refused_without_a_traceback(capsys):
     except SystemExit as error:
         code = error.code
     assert code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+
+
+def test_a_command_declared_twice_is_refused_unless_it_is_the_same_source_run_as_main():
+    """`python -m hf_unlearn.cli.main` executes main.py again as __main__ (accelerate launch does that): the same
+    functions register once more and must not clash; another function under a taken name must."""
+    from hf_unlearn.cli.commands import COMMANDS, command
+
+    existing = COMMANDS["demo"].run
+    rerun = type(existing)(existing.__code__, existing.__globals__, existing.__name__)
+    assert command("demo")(rerun) is rerun
+
+    def demo(argv):
+        """Another demo."""
+
+    with pytest.raises(ValueError, match="'demo' is declared twice"):
+        command("demo")(demo)
+    COMMANDS["demo"] = type(COMMANDS["demo"])("demo", existing)

@@ -44,7 +44,10 @@ def command(name: str) -> Callable[[Callable[[list[str]], Any]], Callable[[list[
     """Register ``run(argv)`` as the command ``name``; its docstring's first line is its help."""
 
     def decorator(run: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
-        if name in COMMANDS:
+        known = COMMANDS.get(name)
+        # `python -m hf_unlearn.cli.main` runs main.py a second time as __main__: the same function, not a clash.
+        same = known is not None and known.run.__code__.co_filename == run.__code__.co_filename
+        if known is not None and not same:
             raise ValueError(f"The command {name!r} is declared twice.")
         COMMANDS[name] = Command(name, run)
         return run
