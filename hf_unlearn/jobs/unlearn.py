@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 from datasets import Dataset
@@ -107,36 +108,29 @@ def unlearn_and_report(
     after, into the record's ``lm_eval`` (measured even with ``evaluate=False``)."""
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
-
-    def tokenized(records: Any, name: str) -> Any:
-        if records is None:
-            return None
-        return build_qa_dataset(
-            records, tokenizer, question_column, answer_column, max_length, prompt_template, name=_named(name)
-        )
-
-    def _named(name: str) -> str:
-        described = (dataset_names or {}).get(name)
-        return f"{name} ({described})" if described else name
-
+    tokenized = partial(
+        _tokenized,
+        tokenizer=tokenizer,
+        columns=(question_column, answer_column),
+        max_length=max_length,
+        prompt_template=prompt_template,
+        dataset_names=dataset_names,
+    )
     forget = tokenized(forget_records, "forget")
     retain = tokenized(retain_records, "retain")
     calibration = tokenized(calibration_records, "calibration")
     eval_sets = {name: data for name, data in {"forget": forget, "retain": retain}.items() if data is not None}
     summaries: dict[str, dict] = {}
+    utility: dict[str, dict] = {}
+    measurement = _Measurement(
+        tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template, evaluate, lm_eval
+    )
     measure = evaluate or lm_eval is not None
     stages = tqdm(total=3 if measure else 1, desc="hf-unlearn", unit="stage", position=0)
     before: dict[str, dict] = {}
-    utility: dict[str, dict] = {}
     if measure:
         stages.set_postfix_str("measuring before")
-        if evaluate:
-            before, summaries["before"] = evaluate_before_after(
-                model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
-            )
-        if lm_eval is not None:
-            with gathered_for_generation(model):
-                utility["before"] = lm_eval.measure(model, tokenizer)
+        before = measurement.take(model, "before", summaries, utility)
         stages.update()
     stages.set_postfix_str(f"unlearning ({config.method})")
     trainer = build_trainer(
@@ -155,57 +149,126 @@ def unlearn_and_report(
     after: dict[str, dict] = {}
     if measure:
         stages.set_postfix_str("measuring after")
-        if evaluate:
-            after, summaries["after"] = evaluate_before_after(
-                trainer.model, tokenizer, eval_sets, retain_only_truth_ratios, config, prompt_template
-            )
         # lm-eval's HFLM runs the model as one process's; sharded weights are left to `hf-unlearn eval` of the output.
-        if lm_eval is not None and not weights_sharded(trainer, "--lm_eval_tasks", "eval"):
-            with gathered_for_generation(trainer.model):
-                utility["after"] = lm_eval.measure(trainer.model, tokenizer)
+        sharded = partial(weights_sharded, trainer, "--lm_eval_tasks", "eval")
+        after = measurement.take(trainer.model, "after", summaries, utility, skip_lm_eval=sharded)
         stages.update()
     stages.close()
-    record = trainer.record
     prompt = {"prompt_template": prompt_template, "prompt_format": describe_prompt_format(tokenizer, prompt_template)}
-    record.update(
-        before=before,
-        after=after,
-        evaluation=summaries,
-        lm_eval=utility,
-        extra=dict(record.extra, **prompt, **(extra or {})),
-    )
+    extra = dict(trainer.record.extra, **prompt, **(extra or {}))
+    trainer.record.update(before=before, after=after, evaluation=summaries, lm_eval=utility, extra=extra)
     for part, name in (dataset_names or {}).items():
-        described = getattr(record, f"{part}_dataset")
+        described = getattr(trainer.record, f"{part}_dataset")
         if described is not None and name:
             described["name"] = name
     if config.quantization_check and whole_model_here(trainer, "quantization_check", "quant-check"):
-        from ..robustness.quantize import check_quantization_robustness, quantization_table
-
-        record.quantization = check_quantization_robustness(
-            trainer.model,
-            tokenizer,
-            eval_sets["forget"],
-            eval_sets.get("retain"),
-            full_precision=after or None,
-            prompt_template=prompt_template,
-        )
-        print("\nQuantization check:\n" + quantization_table(record.quantization))
+        _check_quantization(trainer, tokenizer, eval_sets, after, prompt_template)
     if trainer.is_world_process_zero():
-        paths = write_report(record, config.output_dir)
-        if summaries.get("before") and summaries.get("after"):
-            paths.update(plot_evaluation(record, retain_only_truth_ratios, config.output_dir))
-        if evaluate:
-            print("\n" + report_table(record))
-            sentence = forget_quality_line(record)
-            if sentence:
-                print(sentence)
-        if utility:
-            print("\n" + lm_eval_section(utility))
-        print(
-            f"\n{config.method}: {record.stop_reason}; {record.wall_seconds:.1f} s. "
-            f"Written: {', '.join(paths.values())}"
-        )
+        _write_and_print_report(trainer, config, summaries, utility, evaluate, retain_only_truth_ratios)
     return trainer
+
+
+def _tokenized(
+    records: Any,
+    name: str,
+    *,
+    tokenizer: Any,
+    columns: tuple[str, str],
+    max_length: int | None,
+    prompt_template: str | None,
+    dataset_names: dict[str, str] | None,
+) -> Any:
+    """``records`` tokenized as the set ``name`` (named by ``dataset_names`` in errors), or ``None``."""
+    if records is None:
+        return None
+    described = (dataset_names or {}).get(name)
+    named = f"{name} ({described})" if described else name
+    return build_qa_dataset(records, tokenizer, *columns, max_length, prompt_template, name=named)
+
+
+class _Measurement:
+    """What :func:`unlearn_and_report` measures before and after unlearning: the unlearning metrics (``evaluate``)
+    and the lm-evaluation-harness tasks (``lm_eval``)."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        eval_sets: dict[str, Any],
+        retain_only_truth_ratios: Any,
+        config: UnlearnConfig,
+        prompt_template: str | None,
+        evaluate: bool,
+        lm_eval: LmEvalRequest | None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.eval_sets = eval_sets
+        self.retain_only_truth_ratios = retain_only_truth_ratios
+        self.config = config
+        self.prompt_template = prompt_template
+        self.evaluate = evaluate
+        self.lm_eval = lm_eval
+
+    def take(
+        self,
+        model: Any,
+        stage: str,
+        summaries: dict[str, dict],
+        utility: dict[str, dict],
+        skip_lm_eval: Callable[[], bool] | None = None,
+    ) -> dict[str, dict]:
+        """The per-split metrics of ``model`` (empty without ``evaluate``); its summary and lm-eval scores go into
+        ``summaries[stage]`` and ``utility[stage]`` (no lm-eval scores when ``skip_lm_eval()`` says so)."""
+        splits: dict[str, dict] = {}
+        if self.evaluate:
+            splits, summaries[stage] = evaluate_before_after(
+                model, self.tokenizer, self.eval_sets, self.retain_only_truth_ratios, self.config, self.prompt_template
+            )
+        if self.lm_eval is not None and not (skip_lm_eval is not None and skip_lm_eval()):
+            with gathered_for_generation(model):
+                utility[stage] = self.lm_eval.measure(model, self.tokenizer)
+        return splits
+
+
+def _check_quantization(
+    trainer: UnlearnTrainer, tokenizer: Any, eval_sets: dict[str, Any], after: dict, prompt_template: str | None
+) -> None:
+    """The record's quantization check of the unlearned model, printed."""
+    from ..robustness.quantize import check_quantization_robustness, quantization_table
+
+    trainer.record.quantization = check_quantization_robustness(
+        trainer.model,
+        tokenizer,
+        eval_sets["forget"],
+        eval_sets.get("retain"),
+        full_precision=after or None,
+        prompt_template=prompt_template,
+    )
+    print("\nQuantization check:\n" + quantization_table(trainer.record.quantization))
+
+
+def _write_and_print_report(
+    trainer: UnlearnTrainer,
+    config: UnlearnConfig,
+    summaries: dict[str, dict],
+    utility: dict[str, dict],
+    evaluate: bool,
+    retain_only_truth_ratios: Any,
+) -> None:
+    """report.json / report.md / the plots, and the report's tables and last line on the terminal."""
+    record = trainer.record
+    paths = write_report(record, config.output_dir)
+    if summaries.get("before") and summaries.get("after"):
+        paths.update(plot_evaluation(record, retain_only_truth_ratios, config.output_dir))
+    if evaluate:
+        print("\n" + report_table(record))
+        sentence = forget_quality_line(record)
+        if sentence:
+            print(sentence)
+    if utility:
+        print("\n" + lm_eval_section(utility))
+    print(
+        f"\n{config.method}: {record.stop_reason}; {record.wall_seconds:.1f} s. Written: {', '.join(paths.values())}"
+    )
 
 
 def plot_evaluation(record: UnlearnRecord, retain_only_truth_ratios: Any, output_dir: str) -> dict[str, str]:

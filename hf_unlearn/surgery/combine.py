@@ -135,11 +135,39 @@ def combine_gradients_(
     pairs = _dense(forget_grads, retain_grads)
     present = [f for f, _ in pairs if f is not None]
     device = present[0].device if present else torch.device("cpu")
+    scalars, totals = _dot_products(pairs, strategy, with_stats, reduce_sum, device)
+    stats = {"conflicts": _zero(device), "dot_ur": _zero(device), "norm_u2": _zero(device)} if with_stats else None
+    total_units = 0
+    updates: list[torch.Tensor | None] = []
+    for (f, r), original, entry in zip(pairs, retain_grads, scalars):
+        if f is None:
+            updates.append(None)
+            continue
+        out = original if original is not None else r
+        if strategy in ("sago", "sago_prefer_retain"):
+            _sago_(f, r, out, strategy == "sago", forget_weight, retain_weight, stats)
+            total_units += f.numel()
+        else:
+            total_units += _linear_update_(f, r, out, strategy, entry, totals, forget_weight, retain_weight, stats)
+        updates.append(out)
+    if not with_stats:
+        return updates, {}
+    return updates, _statistics(stats, totals, total_units, strategy, reduce_sum, device)
 
-    def zero() -> torch.Tensor:
-        return torch.zeros((), dtype=torch.float64, device=device)
 
-    # Per-tensor <f, r>, ||f||^2, ||r||^2 where the strategy or the statistics need them.
+def _zero(device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=torch.float64, device=device)
+
+
+def _dot_products(
+    pairs: list[tuple[torch.Tensor | None, torch.Tensor | None]],
+    strategy: str,
+    with_stats: bool,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None,
+    device: torch.device,
+) -> tuple[list[tuple | None], dict[str, torch.Tensor]]:
+    """Per tensor, ``(<f, r>, ||f||^2, ||r||^2)`` where the strategy or the statistics need them (``None`` where not),
+    summed across processes with ``reduce_sum``, and their totals over all tensors (``fr``, ``ff``, ``rr``)."""
     needs_fr = with_stats or strategy in ("pcgrad", "pcgrad_global", "blur", "blur_per_tensor")
     needs_ff = with_stats or strategy in ("blur", "blur_per_tensor")
     needs_rr = with_stats or strategy in ("pcgrad", "pcgrad_global")
@@ -157,59 +185,73 @@ def combine_gradients_(
         )
     if reduce_sum is not None and needs_fr | needs_ff | needs_rr:
         scalars = _summed_across_processes(scalars, reduce_sum, device)
-    totals = {"fr": zero(), "ff": zero(), "rr": zero()}
+    totals = {"fr": _zero(device), "ff": _zero(device), "rr": _zero(device)}
     for entry in scalars:
         if entry is not None:
             for key, value in zip(("fr", "ff", "rr"), entry):
                 if value is not None:
                     totals[key] += value
-    stats = {"conflicts": zero(), "dot_ur": zero(), "norm_u2": zero()} if with_stats else None
-    total_units = 0
-    updates: list[torch.Tensor | None] = []
-    for (f, r), original, entry in zip(pairs, retain_grads, scalars):
-        if f is None:
-            updates.append(None)
-            continue
-        out = original if original is not None else r
-        fr, ff, rr = entry
-        if strategy in ("sago", "sago_prefer_retain"):
-            _sago_(f, r, out, strategy == "sago", forget_weight, retain_weight, stats)
-            total_units += f.numel()
-            updates.append(out)
-            continue
-        # Every other strategy is u = a g_r + b g_f with a, b scalars (0-dim tensors, never read on the host).
-        a = torch.full((), retain_weight, dtype=torch.float64, device=device)
-        b = torch.full((), forget_weight, dtype=torch.float64, device=device)
-        if strategy in ("pcgrad", "pcgrad_global"):
-            dot, norm2 = (totals["fr"], totals["rr"]) if strategy == "pcgrad_global" else (fr, rr)
-            conflict = dot < 0
-            a = a - forget_weight * torch.where(conflict, dot / (norm2 + EPS), torch.zeros_like(dot))
-            if stats is not None and strategy == "pcgrad":
-                stats["conflicts"] += conflict.double()
-            total_units += 1
-        elif strategy in ("blur", "blur_per_tensor"):
-            dot, norm2 = (totals["fr"], totals["ff"]) if strategy == "blur" else (fr, ff)
-            b = b - retain_weight * dot / (norm2 + EPS)
-        if strategy == "sum":
-            if retain_weight != 1.0:
-                r.mul_(retain_weight)
-            r.add_(f, alpha=forget_weight)
-        else:
-            r.mul_(a)
-            r.addcmul_(f, b)  # r += b f, b a 0-dim tensor: no full-size temporary
-        if r is not out:
-            out.copy_(r)
-        if stats is not None:
-            # u = a r + b f, so <u, r> and ||u||^2 follow from the three dot products without another pass.
-            stats["dot_ur"] += a * rr + b * fr
-            stats["norm_u2"] += a * a * rr + 2 * a * b * fr + b * b * ff
-        updates.append(out)
-    if not with_stats:
-        return updates, {}
+    return scalars, totals
+
+
+def _linear_update_(
+    f: torch.Tensor,
+    r: torch.Tensor,
+    out: torch.Tensor,
+    strategy: str,
+    entry: tuple,
+    totals: dict[str, torch.Tensor],
+    forget_weight: float,
+    retain_weight: float,
+    stats: dict[str, torch.Tensor] | None,
+) -> int:
+    """Every strategy but SAGO's: ``u = a g_r + b g_f`` with a, b scalars (0-dim tensors, never read on the host),
+    written into ``out``; the statistics' sums updated. Returns the units that count towards the conflict fraction
+    (1 tensor for the PCGrad strategies, else 0)."""
+    fr, ff, rr = entry
+    device = totals["fr"].device
+    a = torch.full((), retain_weight, dtype=torch.float64, device=device)
+    b = torch.full((), forget_weight, dtype=torch.float64, device=device)
+    units = 0
+    if strategy in ("pcgrad", "pcgrad_global"):
+        dot, norm2 = (totals["fr"], totals["rr"]) if strategy == "pcgrad_global" else (fr, rr)
+        conflict = dot < 0
+        a = a - forget_weight * torch.where(conflict, dot / (norm2 + EPS), torch.zeros_like(dot))
+        if stats is not None and strategy == "pcgrad":
+            stats["conflicts"] += conflict.double()
+        units = 1
+    elif strategy in ("blur", "blur_per_tensor"):
+        dot, norm2 = (totals["fr"], totals["ff"]) if strategy == "blur" else (fr, ff)
+        b = b - retain_weight * dot / (norm2 + EPS)
+    if strategy == "sum":
+        if retain_weight != 1.0:
+            r.mul_(retain_weight)
+        r.add_(f, alpha=forget_weight)
+    else:
+        r.mul_(a)
+        r.addcmul_(f, b)  # r += b f, b a 0-dim tensor: no full-size temporary
+    if r is not out:
+        out.copy_(r)
+    if stats is not None:
+        # u = a r + b f, so <u, r> and ||u||^2 follow from the three dot products without another pass.
+        stats["dot_ur"] += a * rr + b * fr
+        stats["norm_u2"] += a * a * rr + 2 * a * b * fr + b * b * ff
+    return units
+
+
+def _statistics(
+    stats: dict[str, torch.Tensor],
+    totals: dict[str, torch.Tensor],
+    total_units: int,
+    strategy: str,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """``cos_forget_retain``, ``cos_update_retain`` and ``conflict_fraction`` from the sums over the tensors."""
     if reduce_sum is not None and strategy in ("sago", "sago_prefer_retain"):
         # SAGO's statistics are sums over each process's own coordinates; the other strategies built theirs from
         # scalars already summed across processes (and decide pcgrad's conflicts identically everywhere).
-        local = torch.stack([stats["dot_ur"], stats["norm_u2"], stats["conflicts"], zero() + total_units])
+        local = torch.stack([stats["dot_ur"], stats["norm_u2"], stats["conflicts"], _zero(device) + total_units])
         stats["dot_ur"], stats["norm_u2"], stats["conflicts"], total_units = reduce_sum(local)
     if strategy == "pcgrad_global":
         stats["conflicts"] = (totals["fr"] < 0).double()
@@ -219,8 +261,8 @@ def combine_gradients_(
     cos_update_retain = stats["dot_ur"] / (stats["norm_u2"].clamp(min=0).sqrt() * totals["rr"].sqrt()).clamp(
         min=1e-300
     )
-    fraction = stats["conflicts"] / total_units if total_units else zero()
-    return updates, {
+    fraction = stats["conflicts"] / total_units if total_units else _zero(device)
+    return {
         "cos_forget_retain": cos_forget_retain,
         "cos_update_retain": cos_update_retain,
         "conflict_fraction": fraction,
