@@ -158,6 +158,12 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     tofu = report["evaluation"]
     assert 0 <= tofu["before"]["forget_quality"] <= 1 and 0 <= tofu["after"]["forget_quality"] <= 1
     assert "Forget quality" in (out / "report.md").read_text()
+    # three forget answers beside the never-trained model's, in the record and the report a person reads
+    answers = report["extra"]["forget_answers"]
+    forget = load_split("forget10")
+    assert [a["question"] for a in answers] == [forget[i]["question"] for i in range(3)]
+    assert all(a["after"] and a["never_trained"] for a in answers)
+    assert "## Forget answers" in (out / "report.md").read_text()
     assert report["stop_reason"].startswith("target reached") and report["complete"]
     assert (out / "model.safetensors").is_file()  # so `hf-unlearn eval --model_name_or_path OUT` works
     # The robustness audit of the demo's output, offline: one verdict per check, written to the record and card.

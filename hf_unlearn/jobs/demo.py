@@ -37,6 +37,21 @@ def embedded_reference(
     }
 
 
+def answers_beside(model: Any, never_trained: Any, tokenizer: Any, records: Any, count: int = 3) -> list[dict]:
+    """Greedy answers of the unlearned and of the never-trained model to the first ``count`` forget questions."""
+    from ..evaluation.metrics import default_max_new_tokens, generate_answers
+
+    rows = [records[i] for i in range(min(count, len(records)))]
+    questions = [r["question"] for r in rows]
+    budget = default_max_new_tokens(tokenizer, [r["answer"] for r in rows])
+    after = generate_answers(model, tokenizer, questions, budget, count)
+    before = generate_answers(never_trained, tokenizer, questions, budget, count)
+    return [
+        {"question": r["question"], "answer": r["answer"], "after": a, "never_trained": b}
+        for r, a, b in zip(rows, after, before, strict=True)
+    ]
+
+
 def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     """The README's main job: learn the embedded benchmark, then forget its forget split."""
     from ..benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
@@ -94,6 +109,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         )
         trainer.record.update(**audit_record_fields(audit))
         print("\nRobustness audit:\n" + audit_markdown(audit))
+    trainer.record.extra["forget_answers"] = answers_beside(trainer.model, reference_model, tokenizer, forget)
     trainer.record.extra["demo_seconds"] = time.perf_counter() - start
     trainer.save_model(config.output_dir)  # the model, the record and its card, so `hf-unlearn eval` works
     if trainer.is_world_process_zero():

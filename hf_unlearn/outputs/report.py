@@ -116,7 +116,26 @@ def report_markdown(record: UnlearnRecord) -> str:
     utility = lm_eval_section(record.lm_eval)
     if utility:
         summary += [utility]
+    answers = forget_answers_section(record.extra.get("forget_answers"))
+    if answers:
+        summary += [answers]
     return "\n".join(summary)
+
+
+def forget_answers_section(answers: list[dict[str, str]] | None) -> str:
+    """Greedy answers to the first forget questions, beside a never-trained model's (``record.extra``): does the
+    unlearned model answer like a model that never saw the data (fluent, wrong) or degenerate?"""
+    if not answers:
+        return ""
+    lines = ["## Forget answers", "", "| question | answer learned | after unlearning | never-trained model |"]
+    lines.append("|---|---|---|---|")
+    for row in answers:
+        cells = [
+            " ".join(str(row[key]).split()).replace("|", "\\|")
+            for key in ("question", "answer", "after", "never_trained")
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def lm_eval_section(lm_eval: dict[str, Any] | None, heading: str = "## Utility (lm-evaluation-harness)") -> str:
