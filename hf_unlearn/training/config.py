@@ -2,45 +2,31 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from transformers import TrainingArguments
 from transformers.utils import logging
 
-from ..objectives.margin import COMPETITOR_SOURCES, threshold_from_probability
+from ..objectives.margin import threshold_from_probability
 from ..surgery.combine import STRATEGIES
-from .choices import (
-    CALIBRATION_MATCHES,
-    CALIBRATION_REFERENCES,
-    CUSTOM_METHOD,
-    DEFAULT_REFUSALS,
-    FORGET_SCORINGS,
-    MASC_HINGES,
-    MASC_THRESHOLDS,
-    METHODS,
-    RETAIN_PROBES,
-    STOP_PROBES,
-    STOP_TARGETS,
-    resolve_method,
-    sharded_surgery_error,
+from .choices import CUSTOM_METHOD, METHODS
+from .config_checks import (
+    check_backends,
+    check_baselines,
+    check_budget,
+    check_forget_scoring,
+    check_gradients,
+    check_masc,
+    check_method,
+    check_retain_guard,
+    check_stopping,
+    complete_budget,
 )
-from .sharpness import SAM_RHO_HELP, check_sam_config
+from .sharpness import SAM_RHO_HELP
 
 logger = logging.get_logger(__name__)
-
-
-def _fsdp_version(fsdp_config: Any) -> int:
-    """The FSDP version an fsdp_config asks for (a dict or a JSON file; transformers' default is 2)."""
-    if isinstance(fsdp_config, str) and os.path.isfile(fsdp_config):
-        with open(fsdp_config) as f:
-            fsdp_config = json.load(f)
-    if not isinstance(fsdp_config, dict):
-        return 2
-    return int(fsdp_config.get("version", fsdp_config.get("fsdp_version", 2)))
 
 
 def _has_accelerator() -> bool:
@@ -77,29 +63,224 @@ class UnlearnConfig(TrainingArguments):
     > - `restore_callback_states_from_checkpoint`: `True` instead of `False`, so that resuming restores the
     >   stopping rule's state (probes done, last violation rate, stop step).
 
-    Parameters, by concern (each field's ``help`` says what it does; ``hf-unlearn run --help`` prints them all):
+    Parameters, by concern (``hf-unlearn run --help`` prints each one's short help):
 
-    > Parameters that choose the method: `method`, `forget_loss`, `retain_loss`, `forget_loss_kwargs`,
-      `retain_loss_kwargs`, `forget_weight`, `retain_weight`, `gradient_surgery`, `reference_dtype`.
-    > Parameters of MASC's restricted margin and hinge (§3): `masc_k`, `masc_beta`, `masc_rho`, `masc_eta`,
-      `masc_threshold`, `competitor_source`, `competitor_delta`.
-    > Parameters that control the stopping rule (§3, and the calibrated target): `stop_on_violation`,
-      `stop_target`, `stop_alpha`, `calibration_slack`, `probe_interval`, `stop_probe`, `holdout_fraction`,
-      `probe_size`, `hoeffding`, `hoeffding_delta`, `running_probe`, `retain_probe`, `calibration_reference`,
-      `calibration_refresh_margin`, `calibration_refresh_every`, `self_stop_max_steps`.
-    > Parameters that guard the retain side: `utility_floor`, `restore_on_failure`, `keep_best_state`.
-    > Parameters of continuation scoring (long forget texts, MASC's MUSE setting): `forget_scoring`,
-      `continuation_cut_min_ratio`, `continuation_cut_max_ratio`, `continuation_min_prefix_tokens`,
-      `continuation_min_suffix_tokens`.
-    > Parameters of the baseline objectives: `npo_beta`, `simnpo_beta`, `simnpo_delta`, `dpo_beta`, `undial_beta`,
-      `wga_beta`, `satimp_beta1`, `satimp_beta2`, `ceu_ignore_first_n_answer_tokens`, `altpo_beta`,
-      `alternate_column`, `pdu_epsilon`, `pdu_epsilon_slack`, `pdu_dual_init`, `pdu_dual_step`,
-      `pdu_dual_warmup_steps`, `rmu_layer`, `rmu_trainable_layers`, `rmu_steering_coefficient`, `refusal_answers`.
-    > Parameters of the outputs: `quantization_check`, `overwrite_output_dir`.
+    > Parameters that choose the method and its objectives
+
+        method (`str` or `None`, *optional*, defaults to `None`):
+            Unlearning method, one of the registered methods (`METHODS`): sets the forget and retain objectives.
+            `'custom'`: only `forget_loss` and `retain_loss` (default `'none'`), no stop unless `stop_on_violation`.
+            `None`: `'masc'`, or `'custom'` when `forget_loss` is given.
+        forget_loss (`str` or `None`, *optional*, defaults to `None`):
+            Override the method's forget objective by its registered name (e.g. 'npo').
+        retain_loss (`str` or `None`, *optional*, defaults to `None`):
+            Override the method's retain objective: 'kl', 'nll' or 'none'.
+        forget_loss_kwargs (`dict`, `str` or `None`, *optional*, defaults to `None`):
+            Values of the hyperparameters the forget objective declared in its registration, a dict or a JSON string
+            (e.g. '{"scale": 0.5}'); an undeclared key is an error.
+        retain_loss_kwargs (`dict`, `str` or `None`, *optional*, defaults to `None`):
+            The same for the retain objective's declared hyperparameters.
+        forget_weight (`float` or `None`, *optional*, defaults to `None`):
+            Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery). Default: the forget
+            objective's registered weight (masc 0.1, simnpo 0.125), 1 otherwise.
+        retain_weight (`float` or `None`, *optional*, defaults to `None`):
+            Weight of the retain objective (MASC's lambda_retain, alpha in gradient surgery). Default: the forget
+            objective's registered retain weight (satimp 0.1), 1 otherwise (pdu's term also has its dual).
+        reference_dtype (`str` or `None`, *optional*, defaults to `None`):
+            dtype of the frozen reference copy that KL, NPO, UNDIAL, AltPO, IdkDPO and RMU compare with in full
+            fine-tuning: None (the model's own) or 'bfloat16' / 'float16' (half the memory; the objectives upcast its
+            logits). A PEFT model's reference is its base with the adapters off and costs nothing.
+
+    > Parameters that combine the forget and retain gradients
+
+        gradient_surgery (`str`, *optional*, defaults to `"sum"`):
+            How the forget and retain gradients are combined at each optimizer step, one of `STRATEGIES`: `'sum'` is
+            the plain weighted sum; `'pcgrad'`, `'pcgrad_global'`, `'sago'` and `'sago_prefer_retain'` never let the
+            forget gradient oppose the retain gradient (arXiv 2604.14808); `'blur'` is SAGO's forget-first baseline
+            (one global projection of the retain gradient), `'blur_per_tensor'` its per-tensor variant. `forget_weight`
+            is gamma, `retain_weight` is alpha.
+        sam_rho (`float`, *optional*, defaults to `0.0`):
+            Sharpness-aware unlearning (Unlearn-Smooth, arXiv 2502.05374): the forget gradient is taken at the weights
+            moved by rho * g / ||g|| along the forget gradient g (one more forward/backward on each forget batch),
+            making the forgetting harder to undo by relearning. 0 (default): off; the paper uses 0.1.
+
+    > Parameters that control MASC's restricted margin and hinge (§3)
+
+        masc_k (`int`, *optional*, defaults to `10`):
+            MASC: number of competitor tokens k in the restricted margin.
+        masc_beta (`float`, *optional*, defaults to `1.0`):
+            MASC: inverse temperature beta of the margin.
+        masc_rho (`float`, *optional*, defaults to `0.5`):
+            MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho)).
+        masc_eta (`float`, *optional*, defaults to `0.5`):
+            MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta.
+        masc_threshold (`str`, *optional*, defaults to `"auto"`):
+            MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. 'calibration':
+            each forget token's counterpart in the trainer's calibration_dataset (never trained on): the never-seen
+            margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': 'calibration' when
+            the trainer has a calibration_dataset, else 'rho'.
+        masc_hinge (`str`, *optional*, defaults to `"two_sided"`):
+            MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down to tau -
+            eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its never-seen
+            counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided.
+        calibration_match (`str`, *optional*, defaults to `"token"`):
+            How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the never-seen
+            margin at its rank) or 'token' (beyond the paper: a token the never-seen answers use too gets that token's
+            never-seen margin, the forget answers' own words are matched by rank to theirs).
+        competitor_source (`str`, *optional*, defaults to `"self"`):
+            MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
+            model, used for MUSE News).
+        competitor_delta (`float` or `None`, *optional*, defaults to `None`):
+            MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5).
+
+    > Parameters that control the stopping rule (§3, and the calibrated target)
+
+        stop_on_violation (`bool` or `None`, *optional*, defaults to `None`):
+            Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True for a method
+            whose objective stops itself (masc), False otherwise (the rate is still logged).
+        stop_target (`str`, *optional*, defaults to `"auto"`):
+            When the run is done: 'alpha' (the forget violation rate <= stop_alpha, a fixed rate), 'calibration' (the
+            forget answers' margins no higher than those of the trainer's calibration_dataset, examples of the same
+            kind the model never trained on, measured at the same probe: calibration gap <= calibration_slack), or
+            'auto': 'calibration' when the trainer has a calibration_dataset, else 'alpha'.
+        stop_alpha (`float`, *optional*, defaults to `0.2`):
+            stop_target='alpha': stop once the violation rate of the probe <= alpha.
+        calibration_slack (`float`, *optional*, defaults to `0.5`):
+            stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the forget
+            answers' margins over their never-seen counterparts, see calibration_match) is at most this.
+        probe_interval (`int`, *optional*, defaults to `5`):
+            Measure the violation rate every this many optimizer steps (0 disables probing).
+        stop_probe (`str`, *optional*, defaults to `"train"`):
+            Which forget examples the stopping rule measures: 'train' (a fixed sample of the forget examples being
+            trained on) or 'holdout' (a held-out part of the forget set, never trained on).
+        holdout_fraction (`float` or `None`, *optional*, defaults to `None`):
+            Fraction of the forget set held out of training and probed. Default: 0.1 when stop_probe='holdout', else 0
+            (set it with stop_probe='train' to log both rates).
+        probe_size (`int`, *optional*, defaults to `64`):
+            At most this many forget (and retain) examples are probed each time.
+        hoeffding (`bool`, *optional*, defaults to `False`):
+            Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha.
+        hoeffding_delta (`float`, *optional*, defaults to `0.05`):
+            Confidence level delta of the Hoeffding check, union-bounded over probes.
+        running_probe (`bool`, *optional*, defaults to `True`):
+            Measure the 'train' probe from the forget batches' own forward passes since the last probe, not an extra
+            forward over a fixed sample (that one is used when the model has dropout).
+        retain_probe (`str`, *optional*, defaults to `"screen"`):
+            How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since the last
+            probe; the fixed retain sample is measured at the start and when that reading is under twice the floor, so
+            a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
+        calibration_reference (`str`, *optional*, defaults to `"start"`):
+            Which never-seen (calibration) margins the calibrated target and threshold compare the forget margins with.
+            `'start'`: measured once, under the model before unlearning, i.e. what a model that never saw the forget
+            data gives data of that kind (no probe cost after the start). `'current'`: re-measured under the model
+            being trained (near the stop and every `calibration_refresh_every` probes): it follows the model, including
+            the damage unlearning does to similar never-seen data, and the stop chases it
+            (docs/studies/tofu_compare.md).
+        calibration_refresh_margin (`float` or `None`, *optional*, defaults to `1.0`):
+            calibration_reference='current': re-measure the never-seen margins only when the gap against the last ones
+            is within this many logits of calibration_slack, or every calibration_refresh_every probes (a stop always
+            compares with fresh margins). None: at every probe.
+        calibration_refresh_every (`int`, *optional*, defaults to `4`):
+            calibration_reference='current': re-measure the never-seen margins at least this often.
+        self_stop_max_steps (`int`, *optional*, defaults to `500`):
+            Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
+            at most this many optimizer steps.
+
+    > Parameters that guard the retain side
+
+        utility_floor (`float` or `None`, *optional*, defaults to `0.25`):
+            Stop as a failure when the retain answer probability at a probe falls below this fraction of its value at
+            the start of training (0 or `None`: off; needs a retain set). The default is meant to catch a collapse, not
+            the transient dip of a large learning rate's first steps (docs/studies/calibrated_target.md).
+        restore_on_failure (`bool`, *optional*, defaults to `True`):
+            When the utility floor stops a run, put back the weights of the last probe above the floor (a copy of the
+            trainable parameters is kept in host memory: small for LoRA, up to two model copies for full fine-tuning,
+            the last certified state and the candidate a retain screen passed).
+        keep_best_state (`bool`, *optional*, defaults to `False`):
+            For a run that goes on past the stop target (stop_on_violation=False): at the end, restore the weights of
+            the first probe that met it (kept in host memory like restore_on_failure's copy).
+
+    > Parameters that choose which forget tokens are scored (MASC's MUSE setting)
+
+        forget_scoring (`str`, *optional*, defaults to `"answer"`):
+            Which forget tokens the forget loss and the stopping probe score: 'answer' (every answer or text token) or
+            'continuation' (a prefix of each forget text is context and only its continuation is scored, as the MASC
+            reference code's MUSE runs do with --forget_penalty_mode continuation; the cut is drawn per example and
+            epoch between continuation_cut_min_ratio and continuation_cut_max_ratio of the scored tokens, at a fixed
+            place per example for the probes).
+        score_answer_end (`bool`, *optional*, defaults to `True`):
+            Whether the forget objective and the forget and never-seen probes score an answer's closing tokens (EOS, a
+            chat template's end-of-turn and the whitespace after it). False (beyond the MASC paper): they say nothing
+            of the facts, and pushing them down teaches the model not to end its forget answers.
+        continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
+            forget_scoring='continuation': smallest fraction of a text's tokens given as prefix.
+        continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
+            forget_scoring='continuation': largest fraction of a text's tokens given as prefix.
+        continuation_min_prefix_tokens (`int`, *optional*, defaults to `32`):
+            forget_scoring='continuation': the prefix is at least this many tokens.
+        continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
+            forget_scoring='continuation': the scored continuation is at least this many tokens; a text shorter than
+            prefix + suffix minimum is scored whole.
+
+    > Parameters that control the baseline objectives
+
+        npo_beta (`float`, *optional*, defaults to `0.1`):
+            NPO / NPO+KLR inverse temperature beta.
+        simnpo_beta (`float`, *optional*, defaults to `4.5`):
+            SimNPO inverse temperature beta.
+        simnpo_delta (`float`, *optional*, defaults to `0.0`):
+            SimNPO reward margin delta.
+        dpo_beta (`float`, *optional*, defaults to `0.1`):
+            IdkDPO (DPO) inverse temperature beta.
+        undial_beta (`float`, *optional*, defaults to `10.0`):
+            UNDIAL: how far the target token's logit is lowered.
+        wga_beta (`float`, *optional*, defaults to `1.0`):
+            WGA: exponent of the token-probability weight p^beta.
+        satimp_beta1 (`float`, *optional*, defaults to `5.0`):
+            SatImp: exponent of the saturation weight p^beta1.
+        satimp_beta2 (`float`, *optional*, defaults to `1.0`):
+            SatImp: exponent of the importance weight (1 - p)^beta2.
+        ceu_ignore_first_n_answer_tokens (`int`, *optional*, defaults to `1`):
+            CE-U: answer tokens at the start of each answer that are not unlearned.
+        altpo_beta (`float`, *optional*, defaults to `0.1`):
+            AltPO (DPO) inverse temperature beta.
+        alternate_column (`str`, *optional*, defaults to `"perturbed_answer"`):
+            AltPO: column of the forget records holding plausible alternative answers (a text, or a list of which
+            example i takes the (i mod n)-th).
+        pdu_epsilon (`float` or `None`, *optional*, defaults to `None`):
+            PDU: the bound on the retain loss (the constraint L_retain <= epsilon). Default: (1 + pdu_epsilon_slack) x
+            the retain loss of the first step.
+        pdu_epsilon_slack (`float`, *optional*, defaults to `0.1`):
+            PDU: relative slack of the default epsilon over the starting retain loss.
+        pdu_dual_init (`float`, *optional*, defaults to `1.0`):
+            PDU: initial value of the dual variable lambda.
+        pdu_dual_step (`float`, *optional*, defaults to `1.0`):
+            PDU: step size of the dual ascent on lambda.
+        pdu_dual_warmup_steps (`int`, *optional*, defaults to `0`):
+            PDU: optimizer steps before lambda starts to move.
+        rmu_layer (`int` or `None`, *optional*, defaults to `None`):
+            RMU: decoder layer whose output is steered (default: 7, or the second-to-last layer if the model has fewer
+            than 9; the last layer is refused, its hidden state is only returned after the final norm).
+        rmu_trainable_layers (`list[int]` or `None`, *optional*, defaults to `None`):
+            RMU: layers whose MLP weights train (default: rmu_layer and the two before it).
+        rmu_steering_coefficient (`float`, *optional*, defaults to `6.5`):
+            RMU: norm c of the random target direction c * u.
+        refusal_answers (`list[str]` or `None`, *optional*, defaults to `None`):
+            IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms).
+
+    > Parameters that control the outputs
+
+        quantization_check (`bool`, *optional*, defaults to `False`):
+            After training, reload the model in NF4, FP4 and 8-bit (bitsandbytes), measure the forget and retain
+            metrics again and put the change in the report (hf-unlearn jobs).
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`):
+            Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). Without it, a
+            folder holding a run is refused unless you resume it (resume_from_checkpoint).
     """
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["forget_loss_kwargs", "retain_loss_kwargs"]
 
+    # Parameters that choose the method and its objectives
     method: str | None = field(
         default=None,
         metadata={
@@ -118,10 +299,7 @@ class UnlearnConfig(TrainingArguments):
     )
     forget_loss_kwargs: dict | str | None = field(
         default=None,
-        metadata={
-            "help": "Values of the hyperparameters the forget objective declared in its registration, a dict or a "
-            """JSON string (e.g. '{"scale": 0.5}'); an undeclared key is an error."""
-        },
+        metadata={"help": """The forget objective's declared hyperparameters: dict or JSON ('{"scale": 0.5}')."""},
     )
     retain_loss_kwargs: dict | str | None = field(
         default=None,
@@ -129,18 +307,25 @@ class UnlearnConfig(TrainingArguments):
     )
     forget_weight: float | None = field(
         default=None,
-        metadata={
-            "help": "Weight of the forget objective (MASC's lambda_forget, gamma in gradient surgery). Default: the "
-            "forget objective's registered weight (masc 0.1, simnpo 0.125), 1 otherwise."
-        },
+        metadata={"help": "Weight of the forget objective (lambda_forget, gamma); default: the registered one."},
     )
     retain_weight: float | None = field(
         default=None,
-        metadata={
-            "help": "Weight of the retain objective (MASC's lambda_retain, alpha in gradient surgery). Default: the "
-            "forget objective's registered retain weight (satimp 0.1), 1 otherwise (pdu's term also has its dual)."
-        },
+        metadata={"help": "Weight of the retain objective (lambda_retain, alpha); default: the registered one, or 1."},
     )
+    reference_dtype: str | None = field(
+        default=None,
+        metadata={"help": "dtype of the frozen reference copy: None (the model's), 'bfloat16' or 'float16'."},
+    )
+
+    # Parameters that combine the forget and retain gradients
+    gradient_surgery: str = field(
+        default="sum",
+        metadata={"help": f"How the forget and retain gradients combine: {STRATEGIES}."},
+    )
+    sam_rho: float = field(default=0.0, metadata={"help": SAM_RHO_HELP})
+
+    # Parameters that control MASC's restricted margin and hinge (§3)
     masc_k: int = field(default=10, metadata={"help": "MASC: number of competitor tokens k in the restricted margin."})
     masc_beta: float = field(default=1.0, metadata={"help": "MASC: inverse temperature beta of the margin."})
     masc_rho: float = field(
@@ -152,54 +337,36 @@ class UnlearnConfig(TrainingArguments):
     )
     masc_threshold: str = field(
         default="auto",
-        metadata={
-            "help": "MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. "
-            "'calibration': each forget token's counterpart in the trainer's calibration_dataset (never trained on): "
-            "the never-seen margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': "
-            "'calibration' when the trainer has a calibration_dataset, else 'rho'."
-        },
+        metadata={"help": "MASC: the hinge's threshold: 'rho' (the paper's), 'calibration' (never-seen) or 'auto'."},
     )
     masc_hinge: str = field(
         default="two_sided",
-        metadata={
-            "help": "MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down "
-            "to tau - eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its "
-            "never-seen counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided."
-        },
+        metadata={"help": "MASC with a calibrated threshold: 'one_sided' (the paper's) or 'two_sided' (beyond it)."},
     )
     calibration_match: str = field(
         default="token",
         metadata={
-            "help": "How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the "
-            "never-seen margin at its rank) or 'token' (beyond the paper: a token the never-seen answers use too gets "
-            "that token's never-seen margin, the forget answers' own words are matched by rank to theirs)."
+            "help": "How a forget token finds its never-seen counterpart: 'rank' or 'token' (beyond the paper)."
         },
     )
     competitor_source: str = field(
         default="self",
-        metadata={
-            "help": "MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' "
-            "(the frozen start model, used for MUSE News)."
-        },
+        metadata={"help": "MASC: who picks the k competitors: 'self' (current model) or 'teacher' (start model)."},
     )
     competitor_delta: float | None = field(
         default=None,
         metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
     )
+
+    # Parameters that control the stopping rule (§3, and the calibrated target)
     stop_on_violation: bool | None = field(
         default=None,
-        metadata={
-            "help": "Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True "
-            "for a method whose objective stops itself (masc), False otherwise (the rate is still logged)."
-        },
+        metadata={"help": "Stop once the probe meets the stop target. Default: True for masc, else False."},
     )
     stop_target: str = field(
         default="auto",
         metadata={
-            "help": "When the run is done: 'alpha' (the forget violation rate <= stop_alpha, a fixed rate), "
-            "'calibration' (the forget answers' margins no higher than those of the trainer's calibration_dataset, "
-            "examples of the same kind the model never trained on, measured at the same probe: calibration gap <= "
-            "calibration_slack), or 'auto': 'calibration' when the trainer has a calibration_dataset, else 'alpha'."
+            "help": "When the run is done: 'alpha', 'calibration' or 'auto' (calibration given a calibration set)."
         },
     )
     stop_alpha: float = field(
@@ -207,86 +374,7 @@ class UnlearnConfig(TrainingArguments):
     )
     calibration_slack: float = field(
         default=0.5,
-        metadata={
-            "help": "stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the "
-            "forget answers' margins over their never-seen counterparts, see calibration_match) is at most this."
-        },
-    )
-    utility_floor: float | None = field(
-        default=0.25,
-        metadata={
-            "help": "Stop as a failure when the retain answer probability at a probe falls below this fraction of "
-            "its value at the start of training (0 or None: off; needs a retain set). The default catches a "
-            "collapse, not the transient dip of a large learning rate's first steps "
-            "(docs/studies/calibrated_target.md)."
-        },
-    )
-    restore_on_failure: bool = field(
-        default=True,
-        metadata={
-            "help": "When the utility floor stops a run, put back the weights of the last probe above the floor (a "
-            "copy of the trainable parameters is kept in host memory: small for LoRA, up to two model copies for "
-            "full fine-tuning, the last certified state and the candidate a retain screen passed)."
-        },
-    )
-    keep_best_state: bool = field(
-        default=False,
-        metadata={
-            "help": "For a run that goes on past the stop target (stop_on_violation=False): at the end, restore the "
-            "weights of the first probe that met it (kept in host memory like restore_on_failure's copy)."
-        },
-    )
-    running_probe: bool = field(
-        default=True,
-        metadata={
-            "help": "Measure the 'train' probe from the forget batches' own forward passes since the last probe, not "
-            "an extra forward over a fixed sample (that one is used when the model has dropout)."
-        },
-    )
-    retain_probe: str = field(
-        default="screen",
-        metadata={
-            "help": "How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since "
-            "the last probe; the fixed retain sample is measured at the start and when that reading is under twice "
-            "the floor, so a failure is always decided on it) or 'every_probe' (the fixed sample at every probe)."
-        },
-    )
-    calibration_reference: str = field(
-        default="start",
-        metadata={
-            "help": "Calibrated target and threshold: which never-seen (calibration) margins the forget margins are "
-            "compared with. 'start': measured once, under the model before unlearning, i.e. what a model that never "
-            "saw the forget data gives data of that kind (no probe cost after the start). 'current': re-measured "
-            "under the model being trained (near the stop and every calibration_refresh_every probes): it follows "
-            "the model, including the damage unlearning does to similar never-seen data, and the stop chases it "
-            "(docs/studies/tofu_compare.md)."
-        },
-    )
-    calibration_refresh_margin: float | None = field(
-        default=1.0,
-        metadata={
-            "help": "calibration_reference='current': re-measure the never-seen margins only when the gap against the "
-            "last ones is within this many logits of calibration_slack, or every calibration_refresh_every probes "
-            "(a stop always compares with fresh margins). None: at every probe."
-        },
-    )
-    calibration_refresh_every: int = field(
-        default=4,
-        metadata={"help": "calibration_reference='current': re-measure the never-seen margins at least this often."},
-    )
-    self_stop_max_steps: int = field(
-        default=500,
-        metadata={
-            "help": "Budget of a run that stops itself (stop_on_violation) when neither max_steps nor "
-            "num_train_epochs is given: at most this many optimizer steps."
-        },
-    )
-    overwrite_output_dir: bool = field(
-        default=False,
-        metadata={
-            "help": "Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). "
-            "Without it, a folder holding a run is refused unless you resume it (resume_from_checkpoint)."
-        },
+        metadata={"help": "stop_target='calibration': stop once the calibration gap (in logits) is at most this."},
     )
     probe_interval: int = field(
         default=5,
@@ -295,33 +383,72 @@ class UnlearnConfig(TrainingArguments):
     stop_probe: str = field(
         default="train",
         metadata={
-            "help": "Which forget examples the stopping rule measures: 'train' (a fixed sample of the forget "
-            "examples being trained on) or 'holdout' (a held-out part of the forget set, never trained on)."
+            "help": "Which forget examples the stopping rule measures: 'train' or 'holdout' (never trained on)."
         },
     )
     holdout_fraction: float | None = field(
         default=None,
-        metadata={
-            "help": "Fraction of the forget set held out of training and probed. Default: 0.1 when "
-            "stop_probe='holdout', else 0 (set it with stop_probe='train' to log both rates)."
-        },
+        metadata={"help": "Fraction of the forget set held out and probed (default 0.1 with holdout, else 0)."},
     )
+    probe_size: int = field(
+        default=64,
+        metadata={"help": "At most this many forget (and retain) examples are probed each time."},
+    )
+    hoeffding: bool = field(
+        default=False,
+        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
+    )
+    hoeffding_delta: float = field(
+        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
+    )
+    running_probe: bool = field(
+        default=True,
+        metadata={"help": "Measure the 'train' probe from the forget batches' own forwards, not an extra forward."},
+    )
+    retain_probe: str = field(
+        default="screen",
+        metadata={"help": "How the utility floor reads retain at a probe: 'screen' or 'every_probe'."},
+    )
+    calibration_reference: str = field(
+        default="start",
+        metadata={"help": "Which never-seen margins the calibrated target compares with: 'start' or 'current'."},
+    )
+    calibration_refresh_margin: float | None = field(
+        default=1.0,
+        metadata={"help": "calibration_reference='current': re-measure within this many logits; None: always."},
+    )
+    calibration_refresh_every: int = field(
+        default=4,
+        metadata={"help": "calibration_reference='current': re-measure the never-seen margins at least this often."},
+    )
+    self_stop_max_steps: int = field(
+        default=500,
+        metadata={"help": "Budget in optimizer steps of a self-stopping run given neither max_steps nor epochs."},
+    )
+
+    # Parameters that guard the retain side
+    utility_floor: float | None = field(
+        default=0.25,
+        metadata={"help": "Stop as a failure below this fraction of the start's retain probability (0/None: off)."},
+    )
+    restore_on_failure: bool = field(
+        default=True,
+        metadata={"help": "When the utility floor stops a run, put back the last weights above the floor."},
+    )
+    keep_best_state: bool = field(
+        default=False,
+        metadata={"help": "With stop_on_violation=False: at the end, restore the first weights that met the target."},
+    )
+
+    # Parameters that choose which forget tokens are scored (MASC's MUSE setting)
     forget_scoring: str = field(
         default="answer",
-        metadata={
-            "help": "Which forget tokens the forget loss and the stopping probe score: 'answer' (every answer or "
-            "text token) or 'continuation' (a prefix of each forget text is context and only its continuation is "
-            "scored, as the MASC reference code's MUSE runs do with --forget_penalty_mode continuation; the cut is "
-            "drawn per example and epoch between continuation_cut_min_ratio and continuation_cut_max_ratio of the "
-            "scored tokens, at a fixed place per example for the probes)."
-        },
+        metadata={"help": "Which forget tokens are scored: 'answer' (all) or 'continuation' (after a drawn prefix)."},
     )
     score_answer_end: bool = field(
         default=True,
         metadata={
-            "help": "Whether the forget objective and the forget and never-seen probes score an answer's closing "
-            "tokens (EOS, a chat template's end-of-turn and the whitespace after it). False (beyond the MASC paper): "
-            "they say nothing of the facts, and pushing them down teaches the model not to end its forget answers."
+            "help": "Whether an answer's closing tokens (EOS, end-of-turn) are scored; False: beyond the paper."
         },
     )
     continuation_cut_min_ratio: float = field(
@@ -338,35 +465,15 @@ class UnlearnConfig(TrainingArguments):
     )
     continuation_min_suffix_tokens: int = field(
         default=32,
-        metadata={
-            "help": "forget_scoring='continuation': the scored continuation is at least this many tokens; a text "
-            "shorter than prefix + suffix minimum is scored whole."
-        },
+        metadata={"help": "forget_scoring='continuation': the scored continuation is at least this long."},
     )
-    probe_size: int = field(
-        default=64,
-        metadata={"help": "At most this many forget (and retain) examples are probed each time."},
-    )
-    hoeffding: bool = field(
-        default=False,
-        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
-    )
-    hoeffding_delta: float = field(
-        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
-    )
+
+    # Parameters that control the baseline objectives
     npo_beta: float = field(default=0.1, metadata={"help": "NPO / NPO+KLR inverse temperature beta."})
     simnpo_beta: float = field(default=4.5, metadata={"help": "SimNPO inverse temperature beta."})
     simnpo_delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin delta."})
     dpo_beta: float = field(default=0.1, metadata={"help": "IdkDPO (DPO) inverse temperature beta."})
     undial_beta: float = field(default=10.0, metadata={"help": "UNDIAL: how far the target token's logit is lowered."})
-    reference_dtype: str | None = field(
-        default=None,
-        metadata={
-            "help": "dtype of the frozen reference copy that KL, NPO, UNDIAL, AltPO, IdkDPO and RMU compare with in "
-            "full fine-tuning: None (the model's own) or 'bfloat16' / 'float16' (half the memory; the objectives "
-            "upcast its logits). A PEFT model's reference is its base with the adapters off and costs nothing."
-        },
-    )
     wga_beta: float = field(default=1.0, metadata={"help": "WGA: exponent of the token-probability weight p^beta."})
     satimp_beta1: float = field(default=5.0, metadata={"help": "SatImp: exponent of the saturation weight p^beta1."})
     satimp_beta2: float = field(
@@ -378,17 +485,11 @@ class UnlearnConfig(TrainingArguments):
     altpo_beta: float = field(default=0.1, metadata={"help": "AltPO (DPO) inverse temperature beta."})
     alternate_column: str = field(
         default="perturbed_answer",
-        metadata={
-            "help": "AltPO: column of the forget records holding plausible alternative answers (a text, or a list "
-            "of which example i takes the (i mod n)-th)."
-        },
+        metadata={"help": "AltPO: column of the forget records holding plausible alternative answers (text or list)."},
     )
     pdu_epsilon: float | None = field(
         default=None,
-        metadata={
-            "help": "PDU: the bound on the retain loss (the constraint L_retain <= epsilon). Default: (1 + "
-            "pdu_epsilon_slack) x the retain loss of the first step."
-        },
+        metadata={"help": "PDU: the bound on the retain loss; default (1 + pdu_epsilon_slack) x the first one."},
     )
     pdu_epsilon_slack: float = field(
         default=0.1, metadata={"help": "PDU: relative slack of the default epsilon over the starting retain loss."}
@@ -400,11 +501,7 @@ class UnlearnConfig(TrainingArguments):
     )
     rmu_layer: int | None = field(
         default=None,
-        metadata={
-            "help": "RMU: decoder layer whose output is steered (default: 7, or the second-to-last layer if the "
-            "model has fewer than 9; the last layer is refused, its hidden state is only returned after the final "
-            "norm)."
-        },
+        metadata={"help": "RMU: decoder layer whose output is steered (default 7, or the second-to-last)."},
     )
     rmu_trainable_layers: list[int] | None = field(
         default=None,
@@ -417,24 +514,18 @@ class UnlearnConfig(TrainingArguments):
         default=None,
         metadata={"help": "IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms)."},
     )
+
+    # Parameters that control the outputs
     quantization_check: bool = field(
         default=False,
         metadata={
-            "help": "After training, reload the model in NF4, FP4 and 8-bit (bitsandbytes), measure the forget and "
-            "retain metrics again and put the change in the report (hf-unlearn jobs)."
+            "help": "After training, re-measure the forget and retain metrics in NF4, FP4 and 8-bit (the jobs)."
         },
     )
-    gradient_surgery: str = field(
-        default="sum",
-        metadata={
-            "help": f"How the forget and retain gradients are combined at each optimizer step, one of {STRATEGIES}: "
-            "'sum' is the plain weighted sum; 'pcgrad' and 'sago' never let the forget gradient oppose the "
-            "retain gradient (arXiv 2604.14808); 'blur' is SAGO's forget-first baseline (one global projection of "
-            "the retain gradient), 'blur_per_tensor' its per-tensor variant. forget_weight is gamma, retain_weight "
-            "is alpha."
-        },
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Allow output_dir to hold an earlier run (removed first); else refused unless resuming."},
     )
-    sam_rho: float = field(default=0.0, metadata={"help": SAM_RHO_HELP})
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
     num_train_epochs: float | None = field(
@@ -466,127 +557,24 @@ class UnlearnConfig(TrainingArguments):
                 "UnlearnConfig: several processes and no accelerator, so use_cpu=True (DDP on the CPU with gloo); "
                 "pass --use_cpu yourself to silence this."
             )
-        # Checked before TrainingArguments sets up either backend, so the message names the real conflict (a backend
-        # chosen by an accelerate config file is checked by the trainer).
-        if self.gradient_surgery != "sum" and self.deepspeed:
-            raise sharded_surgery_error(self.gradient_surgery, "DeepSpeed")
-        if self.gradient_surgery != "sum" and self.fsdp and _fsdp_version(self.fsdp_config) == 1:
-            raise sharded_surgery_error(self.gradient_surgery, "FSDP1")
-        check_sam_config(self)
-        # Budgets are checked before TrainingArguments reads them: Trainer would take one step for max_steps=0 and
-        # save an untouched copy for zero epochs.
-        if self.max_steps == 0 or (self.max_steps < -1):
-            raise ValueError(
-                f"max_steps={self.max_steps} is not a budget: give a positive number of optimizer steps, or -1 (the "
-                "default) to budget by num_train_epochs."
-            )
-        if self.self_stop_max_steps < 1:
-            raise ValueError(
-                f"self_stop_max_steps must be a positive number of steps, got {self.self_stop_max_steps}."
-            )
-        if self.num_train_epochs is not None and not self.num_train_epochs > 0 and self.max_steps < 0:
-            raise ValueError(
-                f"num_train_epochs={self.num_train_epochs} would train nothing: give a positive number of epochs, or "
-                "max_steps."
-            )
+        # One check per group of the docstring (training/config_checks.py); the budgets and the backends before
+        # TrainingArguments reads them.
+        check_backends(self)
+        check_budget(self)
         super().__post_init__()
         if self.dataloader_pin_memory and (self.use_cpu or not _has_accelerator()):
             # Pinned memory only speeds up copies to an accelerator; without one torch's DataLoader warns at every
             # epoch that it is set but unused.
             self.dataloader_pin_memory = False
             logger.info("UnlearnConfig: no accelerator, so dataloader_pin_memory=False.")
-        resolve_method(self)
-        choices = (
-            ("competitor_source", COMPETITOR_SOURCES), ("forget_scoring", FORGET_SCORINGS),
-            ("stop_probe", STOP_PROBES), ("calibration_reference", CALIBRATION_REFERENCES),
-            ("retain_probe", RETAIN_PROBES), ("gradient_surgery", STRATEGIES),
-            ("calibration_match", CALIBRATION_MATCHES), ("masc_hinge", MASC_HINGES),
-            ("masc_threshold", MASC_THRESHOLDS), ("stop_target", STOP_TARGETS),
-        )  # fmt: skip
-        for name, allowed in choices:
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}.")
-        for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
-            if not getattr(self, name) > 0:  # also catches NaN
-                raise ValueError(
-                    f"{name} must be > 0 (it divides the loss or scales a log-ratio), got {getattr(self, name)}."
-                )
-        for name in (
-            "wga_beta",
-            "satimp_beta1",
-            "satimp_beta2",
-            "pdu_dual_init",
-            "pdu_dual_step",
-            "pdu_epsilon_slack",
-        ):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
-        if self.ceu_ignore_first_n_answer_tokens < 0 or self.pdu_dual_warmup_steps < 0:
-            raise ValueError("ceu_ignore_first_n_answer_tokens and pdu_dual_warmup_steps must be >= 0.")
-        if self.reference_dtype not in (None, "bfloat16", "float16", "float32"):
-            raise ValueError(
-                f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {self.reference_dtype!r}."
-            )
-        if not 0.0 <= self.continuation_cut_min_ratio <= self.continuation_cut_max_ratio <= 1.0:
-            raise ValueError(
-                "continuation_cut_min_ratio and continuation_cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
-                f"{self.continuation_cut_min_ratio} and {self.continuation_cut_max_ratio}."
-            )
-        if self.continuation_min_prefix_tokens < 0 or self.continuation_min_suffix_tokens < 1:
-            raise ValueError(
-                "continuation_min_prefix_tokens must be >= 0 and continuation_min_suffix_tokens >= 1, got "
-                f"{self.continuation_min_prefix_tokens} and {self.continuation_min_suffix_tokens}."
-            )
-        if self.masc_k < 1:
-            raise ValueError(f"masc_k must be at least 1, got {self.masc_k}.")
-        if self.masc_eta <= 0:
-            raise ValueError(f"masc_eta must be positive, got {self.masc_eta}.")
-        if not 0.0 <= self.stop_alpha <= 1.0:
-            raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {self.stop_alpha}.")
-        if self.calibration_refresh_margin is not None and self.calibration_refresh_margin < 0:
-            raise ValueError(
-                f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
-                f"{self.calibration_refresh_margin}."
-            )
-        if self.calibration_refresh_every < 1:
-            raise ValueError(f"calibration_refresh_every must be >= 1, got {self.calibration_refresh_every}.")
-        if self.probe_interval < 0:
-            raise ValueError(f"probe_interval must be >= 0, got {self.probe_interval}.")
-        threshold_from_probability(self.masc_rho)  # validates rho
-        for name in ("forget_weight", "retain_weight"):
-            value = getattr(self, name)
-            if value is not None and not value >= 0:  # also catches NaN
-                raise ValueError(
-                    f"{name} must be >= 0, got {value}: it scales a loss that is minimised, so a negative weight "
-                    "would train the opposite of what the objective means."
-                )
-        if self.gradient_surgery != "sum" and self.objectives[1] == "none":
-            raise ValueError(
-                f"gradient_surgery={self.gradient_surgery!r} combines a forget and a retain gradient, but the "
-                "retain objective is 'none'. Set retain_loss='nll' or 'kl', or gradient_surgery='sum'."
-            )
-        if self.holdout_fraction is None:
-            self.holdout_fraction = 0.1 if self.stop_probe == "holdout" else 0.0
-        if self.stop_probe == "holdout" and self.holdout_fraction == 0:
-            raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
-        if self.refusal_answers is None:
-            self.refusal_answers = list(DEFAULT_REFUSALS)
-        if self.stop_on_violation and self.probe_interval == 0:
-            raise ValueError("stop_on_violation needs probe_interval > 0.")
-        if self.utility_floor is not None and not 0 <= self.utility_floor < 1:
-            raise ValueError(
-                f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "
-                f"{self.utility_floor}."
-            )
-        if self.num_train_epochs is None:
-            self.num_train_epochs = 3.0
-            if self.stop_on_violation and self.max_steps <= 0:
-                # A run that stops itself needs room to get there: 3 epochs of a 10-example forget set are 9 steps.
-                self.max_steps = self.self_stop_max_steps
-                logger.info(
-                    f"UnlearnConfig: the run stops itself, so its budget is max_steps={self.max_steps} "
-                    "(self_stop_max_steps) rather than 3 epochs."
-                )
+        check_method(self)
+        check_gradients(self)
+        check_masc(self)
+        check_stopping(self)
+        check_retain_guard(self)
+        check_forget_scoring(self)
+        check_baselines(self)
+        complete_budget(self)
 
     @property
     def masc_tau(self) -> float:

@@ -1,0 +1,205 @@
+"""The checks of :class:`~hf_unlearn.training.config.UnlearnConfig`, one function per group of parameters its docstring
+names, called from its ``__post_init__``. Each refuses a bad value with an error naming the field, and fills in the
+defaults that depend on other fields. The budgets and the distributed backends are checked before
+``TrainingArguments.__post_init__`` reads them; everything else after it."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from transformers.utils import logging
+
+from ..objectives.margin import COMPETITOR_SOURCES, threshold_from_probability
+from ..surgery.combine import STRATEGIES
+from .choices import (
+    CALIBRATION_MATCHES,
+    CALIBRATION_REFERENCES,
+    DEFAULT_REFUSALS,
+    FORGET_SCORINGS,
+    MASC_HINGES,
+    MASC_THRESHOLDS,
+    RETAIN_PROBES,
+    STOP_PROBES,
+    STOP_TARGETS,
+    resolve_method,
+    sharded_surgery_error,
+)
+from .sharpness import check_sam_config
+
+logger = logging.get_logger(__name__)
+
+
+def fsdp_version(fsdp_config: Any) -> int:
+    """The FSDP version an fsdp_config asks for (a dict or a JSON file; transformers' default is 2)."""
+    if isinstance(fsdp_config, str) and os.path.isfile(fsdp_config):
+        with open(fsdp_config) as f:
+            fsdp_config = json.load(f)
+    if not isinstance(fsdp_config, dict):
+        return 2
+    return int(fsdp_config.get("version", fsdp_config.get("fsdp_version", 2)))
+
+
+def check_one_of(config: Any, choices: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Each ``(field, allowed values)`` of ``choices``: the field's value is one of them."""
+    for name, allowed in choices:
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(config, name)!r}.")
+
+
+def check_backends(config: Any) -> None:
+    """Gradient surgery and ``sam_rho`` under DeepSpeed or FSDP1, checked before TrainingArguments sets up either
+    backend, so the message names the real conflict (a backend chosen by an accelerate config file is checked by the
+    trainer)."""
+    if config.gradient_surgery != "sum" and config.deepspeed:
+        raise sharded_surgery_error(config.gradient_surgery, "DeepSpeed")
+    if config.gradient_surgery != "sum" and config.fsdp and fsdp_version(config.fsdp_config) == 1:
+        raise sharded_surgery_error(config.gradient_surgery, "FSDP1")
+    check_sam_config(config)
+
+
+def check_budget(config: Any) -> None:
+    """Budgets, checked before TrainingArguments reads them: Trainer would take one step for max_steps=0 and save an
+    untouched copy for zero epochs."""
+    if config.max_steps == 0 or (config.max_steps < -1):
+        raise ValueError(
+            f"max_steps={config.max_steps} is not a budget: give a positive number of optimizer steps, or -1 (the "
+            "default) to budget by num_train_epochs."
+        )
+    if config.self_stop_max_steps < 1:
+        raise ValueError(f"self_stop_max_steps must be a positive number of steps, got {config.self_stop_max_steps}.")
+    if config.num_train_epochs is not None and not config.num_train_epochs > 0 and config.max_steps < 0:
+        raise ValueError(
+            f"num_train_epochs={config.num_train_epochs} would train nothing: give a positive number of epochs, or "
+            "max_steps."
+        )
+
+
+def check_method(config: Any) -> None:
+    """The method group: the method and objectives resolved (:func:`~hf_unlearn.training.choices.resolve_method`),
+    the weights, the reference's dtype."""
+    resolve_method(config)
+    for name in ("forget_weight", "retain_weight"):
+        value = getattr(config, name)
+        if value is not None and not value >= 0:  # also catches NaN
+            raise ValueError(
+                f"{name} must be >= 0, got {value}: it scales a loss that is minimised, so a negative weight "
+                "would train the opposite of what the objective means."
+            )
+    if config.reference_dtype not in (None, "bfloat16", "float16", "float32"):
+        raise ValueError(
+            f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {config.reference_dtype!r}."
+        )
+
+
+def check_gradients(config: Any) -> None:
+    """How the forget and retain gradients combine: a known strategy, and a retain gradient for surgery."""
+    check_one_of(config, (("gradient_surgery", STRATEGIES),))
+    if config.gradient_surgery != "sum" and config.objectives[1] == "none":
+        raise ValueError(
+            f"gradient_surgery={config.gradient_surgery!r} combines a forget and a retain gradient, but the "
+            "retain objective is 'none'. Set retain_loss='nll' or 'kl', or gradient_surgery='sum'."
+        )
+
+
+def check_masc(config: Any) -> None:
+    """MASC's restricted margin and hinge."""
+    check_one_of(
+        config,
+        (
+            ("competitor_source", COMPETITOR_SOURCES),
+            ("calibration_match", CALIBRATION_MATCHES),
+            ("masc_hinge", MASC_HINGES),
+            ("masc_threshold", MASC_THRESHOLDS),
+        ),
+    )
+    if config.masc_k < 1:
+        raise ValueError(f"masc_k must be at least 1, got {config.masc_k}.")
+    if config.masc_eta <= 0:
+        raise ValueError(f"masc_eta must be positive, got {config.masc_eta}.")
+    threshold_from_probability(config.masc_rho)  # validates rho
+
+
+def check_stopping(config: Any) -> None:
+    """The stopping rule and its probes; ``holdout_fraction`` completed (0.1 with ``stop_probe='holdout'``, else 0)."""
+    check_one_of(
+        config,
+        (
+            ("stop_probe", STOP_PROBES),
+            ("calibration_reference", CALIBRATION_REFERENCES),
+            ("retain_probe", RETAIN_PROBES),
+            ("stop_target", STOP_TARGETS),
+        ),
+    )
+    if not 0.0 <= config.stop_alpha <= 1.0:
+        raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {config.stop_alpha}.")
+    if config.calibration_refresh_margin is not None and config.calibration_refresh_margin < 0:
+        raise ValueError(
+            f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
+            f"{config.calibration_refresh_margin}."
+        )
+    if config.calibration_refresh_every < 1:
+        raise ValueError(f"calibration_refresh_every must be >= 1, got {config.calibration_refresh_every}.")
+    if config.probe_interval < 0:
+        raise ValueError(f"probe_interval must be >= 0, got {config.probe_interval}.")
+    if config.holdout_fraction is None:
+        config.holdout_fraction = 0.1 if config.stop_probe == "holdout" else 0.0
+    if config.stop_probe == "holdout" and config.holdout_fraction == 0:
+        raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
+    if config.stop_on_violation and config.probe_interval == 0:
+        raise ValueError("stop_on_violation needs probe_interval > 0.")
+
+
+def check_retain_guard(config: Any) -> None:
+    """The utility floor is a fraction of the start's retain probability."""
+    if config.utility_floor is not None and not 0 <= config.utility_floor < 1:
+        raise ValueError(
+            f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "
+            f"{config.utility_floor}."
+        )
+
+
+def check_forget_scoring(config: Any) -> None:
+    """Which forget tokens are scored, and continuation scoring's cut."""
+    check_one_of(config, (("forget_scoring", FORGET_SCORINGS),))
+    if not 0.0 <= config.continuation_cut_min_ratio <= config.continuation_cut_max_ratio <= 1.0:
+        raise ValueError(
+            "continuation_cut_min_ratio and continuation_cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
+            f"{config.continuation_cut_min_ratio} and {config.continuation_cut_max_ratio}."
+        )
+    if config.continuation_min_prefix_tokens < 0 or config.continuation_min_suffix_tokens < 1:
+        raise ValueError(
+            "continuation_min_prefix_tokens must be >= 0 and continuation_min_suffix_tokens >= 1, got "
+            f"{config.continuation_min_prefix_tokens} and {config.continuation_min_suffix_tokens}."
+        )
+
+
+def check_baselines(config: Any) -> None:
+    """The baseline objectives' hyperparameters; ``refusal_answers`` completed with the default refusals."""
+    for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
+        if not getattr(config, name) > 0:  # also catches NaN
+            raise ValueError(
+                f"{name} must be > 0 (it divides the loss or scales a log-ratio), got {getattr(config, name)}."
+            )
+    for name in ("wga_beta", "satimp_beta1", "satimp_beta2", "pdu_dual_init", "pdu_dual_step", "pdu_epsilon_slack"):
+        if not getattr(config, name) >= 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)}.")
+    if config.ceu_ignore_first_n_answer_tokens < 0 or config.pdu_dual_warmup_steps < 0:
+        raise ValueError("ceu_ignore_first_n_answer_tokens and pdu_dual_warmup_steps must be >= 0.")
+    if config.refusal_answers is None:
+        config.refusal_answers = list(DEFAULT_REFUSALS)
+
+
+def complete_budget(config: Any) -> None:
+    """``num_train_epochs=None``: 3 epochs, or for a run that stops itself without ``max_steps``,
+    ``max_steps = self_stop_max_steps``."""
+    if config.num_train_epochs is None:
+        config.num_train_epochs = 3.0
+        if config.stop_on_violation and config.max_steps <= 0:
+            # A run that stops itself needs room to get there: 3 epochs of a 10-example forget set are 9 steps.
+            config.max_steps = config.self_stop_max_steps
+            logger.info(
+                f"UnlearnConfig: the run stops itself, so its budget is max_steps={config.max_steps} "
+                "(self_stop_max_steps) rather than 3 epochs."
+            )

@@ -1,0 +1,38 @@
+"""UnlearnConfig reads like TRL's configs: its docstring gives every own parameter, in the class's field order and
+groups, with the field's type and default, so the two cannot drift apart."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+
+from transformers import TrainingArguments
+
+from hf_unlearn import UnlearnConfig
+
+ENTRY = re.compile(r"^        (\w+) \((.+), \*optional\*, defaults to `(.*)`\):$", re.M)
+
+
+def own_fields() -> list[dataclasses.Field]:
+    inherited = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return [f for f in dataclasses.fields(UnlearnConfig) if f.name not in inherited]
+
+
+def test_docstring_lists_every_parameter_in_field_order_with_its_type_and_default() -> None:
+    entries = ENTRY.findall(UnlearnConfig.__doc__)
+    fields = own_fields()
+    assert [name for name, _, _ in entries] == [f.name for f in fields]
+    for (name, type_doc, default_doc), f in zip(entries, fields):
+        assert ast.literal_eval(default_doc) == f.default, name
+        types = re.findall(r"`([^`]+)`", type_doc)
+        assert " | ".join(types) == str(f.type), name
+
+
+def test_each_group_of_the_docstring_is_a_block_of_fields() -> None:
+    """The fields of one '> Parameters that ...' group come one after another, in the docstring's group order."""
+    groups = re.split(r"^    > Parameters that ", UnlearnConfig.__doc__, flags=re.M)[1:]
+    assert len(groups) >= 6
+    order = [[name for name, _, _ in ENTRY.findall(group)] for group in groups]
+    assert all(order), "a group without parameters"
+    assert [name for group in order for name in group] == [f.name for f in own_fields()]
