@@ -105,15 +105,21 @@ def test_masc_hinge():
     assert run(FORGET_OBJECTIVES, "masc") == pytest.approx(expected / 2, rel=1e-6)
 
 
-def test_masc_hinge_with_calibrated_thresholds():
-    """Each answer token's threshold is the never-seen margin at its rank: of the two answer tokens, the lower
-    margin gets the calibration set's minimum, the higher its maximum."""
-    calibration = torch.tensor([-8.0, -4.0, 0.0, 2.0, 6.0])
+def hand_masc_margins() -> list[float]:
+    """The restricted margins (k = 2 self competitors) of the two answer tokens of LOGITS, by hand."""
     margins = []
     for position, target in ((0, 1), (1, 2)):
         row = LOGITS[0][position].tolist()
         others = sorted((v for i, v in enumerate(row) if i != target), reverse=True)[:2]
         margins.append(row[target] - math.log(sum(math.exp(v) for v in others)))
+    return margins
+
+
+def test_masc_hinge_with_calibrated_thresholds():
+    """Each answer token's threshold is the never-seen margin at its rank: of the two answer tokens, the lower
+    margin gets the calibration set's minimum, the higher its maximum."""
+    calibration = torch.tensor([-8.0, -4.0, 0.0, 2.0, 6.0])
+    margins = hand_masc_margins()
     low, high = sorted(margins)
     expected = (max(low - (-8.0 - 0.5), 0.0) + max(high - (6.0 - 0.5), 0.0)) / 0.5 / 2
     assert expected > 0
@@ -128,11 +134,7 @@ def test_masc_hinge_with_calibrated_thresholds():
 def test_two_sided_masc_hinge_pulls_back_a_token_below_its_counterpart():
     """masc_hinge='two_sided' with calibrated thresholds: the high token is pushed down to its counterpart (not to
     counterpart - eta), the low one, more than eta below its counterpart, is pulled back; with rho: one-sided."""
-    margins = []
-    for position, target in ((0, 1), (1, 2)):
-        row = LOGITS[0][position].tolist()
-        others = sorted((v for i, v in enumerate(row) if i != target), reverse=True)[:2]
-        margins.append(row[target] - math.log(sum(math.exp(v) for v in others)))
+    margins = hand_masc_margins()
     low, high = sorted(margins)
     calibration = torch.tensor([low + 0.8, high - 0.4])  # low: 0.8 below its counterpart; high: 0.4 above its own
     expected = (0.4 + (0.8 - 0.5)) / 0.5 / 2
