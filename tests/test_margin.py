@@ -131,8 +131,9 @@ def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_le
 
     never_seen = torch.tensor([5.0, 7.0, -4.0, 8.0, -6.0, -2.0])
     never_seen_ids = torch.tensor([10, 10, 30, 11, 31, 32])  # 10 "was" twice, 11 the end of turn, 30-32 their names
-    ids, levels, own = token_levels(never_seen, never_seen_ids, shared_ids=torch.tensor([10, 11, 12, 20, 21]))
+    ids, levels, own, copied = token_levels(never_seen, never_seen_ids, shared_ids=torch.tensor([10, 11, 12, 20, 21]))
     assert ids.tolist() == [10, 11] and levels.tolist() == [6.0, 8.0] and own.tolist() == [-6.0, -4.0, -2.0]
+    assert copied.numel() == 0
     forget = torch.tensor([-1.0, 3.0, 0.5, -3.0])
     forget_ids = torch.tensor([10, 11, 20, 21])  # "was" fell to -1 (its level 6), the end to 3 (level 8)
     thresholds = matched_thresholds(forget, own, forget_ids, (ids, levels))
@@ -141,6 +142,41 @@ def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_le
     assert by_rank.tolist() != thresholds.tolist()
     # the one-sided gap sees the own words' excess (2.5 and 3.0) and nothing of the fallen shared words
     assert calibration_gap(forget, own, forget_ids, (ids, levels)) == pytest.approx((2.5 + 3.0) / 4)
+
+
+def test_prompt_copies_marks_the_answer_tokens_their_own_prompt_holds():
+    from hf_unlearn.objectives.margin import prompt_copies
+
+    # row 0: prompt [5, 6, 7], answer [6, 9]; row 1: prompt [9] and a pad (0, not attended), answer [0, 5]
+    input_ids = torch.tensor([[5, 6, 7, 6, 9], [9, 0, 0, 0, 5]])
+    labels = torch.tensor([[-100, -100, -100, 6, 9], [-100, -100, -100, 0, 5]])
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 1, 1]])
+    copies = prompt_copies(input_ids, labels, attention_mask)
+    # row 1, position 2 is attended prompt, so the answer's 0 is held by the prompt; 5 is only in row 0's prompt
+    assert copies.tolist() == [[False, False, False, True, False], [False, False, False, True, False]]
+    assert prompt_copies(input_ids, labels, torch.tensor([[1] * 5, [1, 0, 0, 1, 1]]))[1].tolist() == [False] * 5
+
+
+def test_prompt_matched_counterparts_rank_repeated_words_among_the_never_seen_repeated_words():
+    """calibration_match='prompt': an own word the forget prompt holds (the author's name) is ranked among the
+    never-seen answers' own words repeated from their prompts, the other own words among the rest."""
+    from hf_unlearn.objectives.margin import calibration_gap, matched_thresholds, token_levels
+
+    never_seen = torch.tensor([5.0, 2.0, -4.0, 1.0, -6.0])
+    never_seen_ids = torch.tensor([10, 40, 30, 41, 31])  # 10 shared; 40, 41 their names (repeated); 30, 31 facts
+    repeated = torch.tensor([False, True, False, True, False])
+    ids, levels, own, copied = token_levels(never_seen, never_seen_ids, torch.tensor([10, 20, 21, 22]), repeated)
+    assert ids.tolist() == [10] and own.tolist() == [-6.0, -4.0] and copied.tolist() == [1.0, 2.0]
+    forget = torch.tensor([4.0, -3.0, 3.0, 0.0])
+    forget_ids = torch.tensor([10, 20, 21, 22])  # 20 the forget author's name (in its question), 21 and 22 facts
+    forget_repeated = torch.tensor([False, True, False, False])
+    thresholds = matched_thresholds(forget, own, forget_ids, (ids, levels, copied), forget_repeated)
+    assert thresholds.tolist() == [5.0, 1.5, -4.0, -6.0]  # the name alone among the repeated: their median
+    # without the flags (or the 'token' match) the name is ranked among the facts
+    assert matched_thresholds(forget, own, forget_ids, (ids, levels))[1].item() == -6.0
+    # the name sits 4.5 below its never-seen counterpart: the one-sided gap counts only the facts' excess
+    gap = calibration_gap(forget, own, forget_ids, (ids, levels, copied), forget_repeated)
+    assert gap == pytest.approx((7.0 + 6.0) / 4)
 
 
 def test_hinge_rejects_batches_without_answer_tokens():

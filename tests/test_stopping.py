@@ -28,7 +28,9 @@ def fresh(state):
     return model
 
 
-@pytest.mark.parametrize(("reference", "match"), [("start", "rank"), ("current", "rank"), ("start", "token")])
+@pytest.mark.parametrize(
+    ("reference", "match"), [("start", "rank"), ("current", "rank"), ("start", "token"), ("start", "prompt")]
+)
 def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
     tmp_path, memorized_llama_state, reference, match
 ):
@@ -67,13 +69,17 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
         # Measured once, before unlearning; every later probe's gap is against those margins, by hand.
         assert [h["calibration_measured"] for h in history] == [1.0] + [0.0] * (len(history) - 1)
         own, levels = start_margins["margins"].sort().values, None
-        if match == "token":  # shared ids against their own never-seen level, the rest by rank among the rest
-            ids, values, own = token_levels(
-                start_margins["margins"], start_margins["tokens"], trainer.probes.sets.forget_ids
+        if match != "rank":  # shared ids against their own never-seen level, the rest by rank among the rest
+            repeated = start_margins["copied"] if match == "prompt" else None
+            ids, values, own, copied = token_levels(
+                start_margins["margins"], start_margins["tokens"], trainer.probes.sets.forget_ids, repeated
             )
             assert len(ids) > 0 and len(own) > 0 and trainer.probes.calibration_levels[0].tolist() == ids.tolist()
-            levels = (ids, values)
-        by_hand = [calibration_gap(m["margins"], own, m["tokens"], levels) for m in forget_margins[1:]]
+            levels = (ids, values) if match == "token" else (ids, values, copied)
+        by_hand = [
+            calibration_gap(m["margins"], own, m["tokens"], levels, m.get("copied") if match == "prompt" else None)
+            for m in forget_margins[1:]
+        ]
         assert [h["calibration_gap"] for h in history[1:]] == pytest.approx(by_hand, rel=1e-6)
     else:
         # Measured again only near the stop, and always at the probe that stops: the decisive gap is against

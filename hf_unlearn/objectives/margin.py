@@ -184,41 +184,69 @@ def calibrated_thresholds(margins: torch.Tensor, calibration_margins: torch.Tens
     return torch.quantile(calibration_margins.to(device=margins.device, dtype=torch.float32), positions)
 
 
+def prompt_copies(
+    input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per position of ``labels`` (B, T, unshifted): whether the answer token there also occurs in its own row's
+    prompt (the attended positions that are not scored), e.g. an author's name that the answer repeats from the
+    question. A model that never saw the answer can still copy such a token, so it has its own never-seen level
+    (``calibration_match='prompt'``, beyond the MASC paper)."""
+    prompt = labels == IGNORE_INDEX
+    if attention_mask is not None:
+        prompt = prompt & attention_mask.bool()
+    rows = []
+    for row in range(input_ids.shape[0]):  # one row at a time: (T, T) rather than (B, T, T) booleans
+        rows.append(torch.isin(input_ids[row], input_ids[row][prompt[row]]))
+    return torch.stack(rows) & (labels != IGNORE_INDEX)
+
+
 def token_levels(
-    margins: torch.Tensor, tokens: torch.Tensor, shared_ids: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    margins: torch.Tensor, tokens: torch.Tensor, shared_ids: torch.Tensor, copied: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Never-seen margins split by token (beyond the MASC paper): for each token id of ``shared_ids`` (the ids the
-    forget answers use) that occurs in ``tokens``, its mean never-seen margin (``ids`` sorted, ``levels``); and the
-    sorted margins of the other never-seen tokens (the never-seen answers' own words: their names and facts)."""
+    forget answers use) that occurs in ``tokens``, its mean never-seen margin (``ids`` sorted, ``levels``); the
+    sorted margins of the other never-seen tokens (the never-seen answers' own words: their names and facts); and,
+    with ``copied`` (:func:`prompt_copies` of each token), those of the own words copied from their own prompt,
+    which the third value then leaves out (empty without ``copied``)."""
     margins, tokens = margins.detach().float().flatten(), tokens.flatten()
     shared = torch.isin(tokens, shared_ids.to(tokens.device))
     ids, inverse = torch.unique(tokens[shared], sorted=True, return_inverse=True)
     sums = torch.zeros(len(ids), dtype=torch.float32, device=margins.device).index_add_(0, inverse, margins[shared])
     counts = torch.bincount(inverse, minlength=len(ids)).float()
-    return ids, sums / counts.clamp(min=1), margins[~shared].sort().values
+    from_prompt = torch.zeros_like(shared) if copied is None else copied.flatten().bool().to(shared.device) & ~shared
+    own = ~shared & ~from_prompt
+    return ids, sums / counts.clamp(min=1), margins[own].sort().values, margins[from_prompt].sort().values
 
 
 def matched_thresholds(
     margins: torch.Tensor,
     calibration_margins: torch.Tensor,
     tokens: torch.Tensor | None = None,
-    levels: tuple[torch.Tensor, torch.Tensor] | None = None,
+    levels: tuple[torch.Tensor, ...] | None = None,
+    copied: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each forget token's never-seen counterpart. Without ``levels``: by rank (:func:`calibrated_thresholds`).
-    With ``levels`` (``(ids, values)`` of :func:`token_levels`) and the tokens' ids (beyond the MASC paper): a token
-    whose id the never-seen answers use too ("was", "born", the end of turn) gets that id's never-seen level, the
-    others (the forget answers' own names and facts) the never-seen answers' own words' margin at their rank among
-    themselves."""
+    With ``levels`` (``(ids, values)`` of :func:`token_levels`, or ``(ids, values, copied margins)``) and the tokens'
+    ids (beyond the MASC paper): a token whose id the never-seen answers use too ("was", "born", the end of turn)
+    gets that id's never-seen level, the others (the forget answers' own names and facts) the never-seen answers'
+    own words' margin at their rank among themselves; with the copied margins and ``copied`` (:func:`prompt_copies`),
+    an own word repeated from its prompt is ranked among the never-seen words repeated from theirs."""
     if levels is None or tokens is None:
         return calibrated_thresholds(margins, calibration_margins)
-    ids, values = (t.to(margins.device) for t in levels)
+    ids, values = (t.to(margins.device) for t in levels[:2])
     tokens = tokens.to(margins.device)
     shared = torch.isin(tokens, ids)
     thresholds = torch.empty_like(margins, dtype=torch.float32)
     thresholds[shared] = values[torch.searchsorted(ids, tokens[shared])]
-    if bool((~shared).any()):
-        own = calibration_margins if calibration_margins.numel() else values
-        thresholds[~shared] = calibrated_thresholds(margins[~shared], own)
+    own = calibration_margins if calibration_margins.numel() else values
+    from_prompt = torch.zeros_like(shared)
+    if len(levels) > 2 and copied is not None and levels[2].numel():
+        from_prompt = copied.to(margins.device).bool() & ~shared
+        if bool(from_prompt.any()):
+            thresholds[from_prompt] = calibrated_thresholds(margins[from_prompt], levels[2])
+    rest = ~shared & ~from_prompt
+    if bool(rest.any()):
+        thresholds[rest] = calibrated_thresholds(margins[rest], own)
     return thresholds
 
 
@@ -226,7 +254,8 @@ def calibration_gap(
     margins: torch.Tensor,
     calibration_margins: torch.Tensor,
     tokens: torch.Tensor | None = None,
-    levels: tuple[torch.Tensor, torch.Tensor] | None = None,
+    levels: tuple[torch.Tensor, ...] | None = None,
+    copied: torch.Tensor | None = None,
 ) -> float:
     """How much more familiar the forget answers look than never-seen ones: the mean, over the forget tokens, of
     ``relu(m_i - c_i)``, each forget margin's excess over its never-seen counterpart (:func:`matched_thresholds`; by
@@ -236,7 +265,7 @@ def calibration_gap(
     if margins.numel() == 0:
         return 0.0
     margins = margins.detach().float()
-    thresholds = matched_thresholds(margins, calibration_margins, tokens, levels)
+    thresholds = matched_thresholds(margins, calibration_margins, tokens, levels, copied)
     return torch.relu(margins - thresholds).mean().item()
 
 
@@ -295,7 +324,8 @@ def measure_violations(
     batch_size: int = 32,
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
-    ``margins``, every scored token's margin, with its id in ``tokens`` (for :func:`calibration_gap`).
+    ``margins``, every scored token's margin, with its id in ``tokens`` and whether its prompt holds it too in
+    ``copied`` (for :func:`calibration_gap`).
 
     The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
     the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
@@ -306,7 +336,7 @@ def measure_violations(
     keep_supported = accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
-    fractions, lengths, probabilities, margins, tokens = [], [], [], [], []
+    fractions, lengths, probabilities, margins, tokens, copied = [], [], [], [], [], []
     try:
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
@@ -325,6 +355,8 @@ def measure_violations(
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
             tokens.append(labels[result.mask].cpu())
+            repeated = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
+            copied.append(repeated[:, 1:][result.mask].cpu())
             probabilities.append(answer_probabilities(logits, answer_labels)[0].cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())
@@ -338,4 +370,5 @@ def measure_violations(
         "probabilities": torch.cat(probabilities)[scored],
         "margins": torch.cat(margins),
         "tokens": torch.cat(tokens),
+        "copied": torch.cat(copied),
     }

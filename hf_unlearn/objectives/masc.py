@@ -12,6 +12,7 @@ from transformers.utils import logging
 from .margin import (
     masc_hinge,
     matched_thresholds,
+    prompt_copies,
     restricted_margin,
     shift_for_causal_lm,
 )
@@ -71,7 +72,10 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
     ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
     ``calibration_match="token"`` (beyond the paper) a token the never-seen answers also use is held to that
-    token's own never-seen level (:func:`~hf_unlearn.objectives.margin.matched_thresholds`).
+    token's own never-seen level (:func:`~hf_unlearn.objectives.margin.matched_thresholds`); with
+    ``calibration_match="prompt"`` (beyond the paper) an answer's own word that its question holds too
+    (the author's name) is matched with the never-seen answers' words repeated from their questions
+    (:func:`~hf_unlearn.objectives.margin.prompt_copies`).
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
@@ -83,12 +87,17 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     )
     tau: float | torch.Tensor = config.masc_tau
     if config.masc_threshold == "calibration":
+        copied = None
+        levels = inputs.calibration_levels
+        if levels is not None and len(levels) > 2 and inputs.input_ids is not None:  # calibration_match='prompt'
+            copied = prompt_copies(inputs.input_ids, inputs.labels, inputs.attention_mask)[:, 1:][result.mask]
         thresholds = torch.zeros_like(result.margins)
         thresholds[result.mask] = matched_thresholds(
             result.margins[result.mask].detach(),
             inputs.calibration_margins,
             tokens=labels[result.mask],
-            levels=inputs.calibration_levels,
+            levels=levels,
+            copied=copied,
         )
         tau = thresholds
     two_sided = config.masc_hinge == "two_sided" and config.masc_threshold == "calibration"

@@ -43,7 +43,9 @@ class LossInputs:
     every answer token of the calibration set (data of the same kind the model never trained on), measured under
     the current model at the last probe; with ``calibration_match='token'``, those of the never-seen answers' own
     words, and ``calibration_levels`` the ``(ids, mean margins)`` of the token ids the forget answers share with them
-    (:func:`~hf_unlearn.objectives.margin.token_levels`). ``hyperparameters``: the values of the hyperparameters the
+    (:func:`~hf_unlearn.objectives.margin.token_levels`), with ``calibration_match='prompt'`` also the sorted margins
+    of the never-seen answers' own words repeated from their prompt. ``input_ids``: the batch's tokens (unshifted).
+    ``hyperparameters``: the values of the hyperparameters the
     objective declared in its registration, the defaults updated with the user's ``forget_loss_kwargs`` /
     ``retain_loss_kwargs``.
     """
@@ -58,7 +60,8 @@ class LossInputs:
     refusal: LossInputs | None = None
     num_items: torch.Tensor | float | None = None
     calibration_margins: torch.Tensor | None = None
-    calibration_levels: tuple[torch.Tensor, torch.Tensor] | None = None
+    calibration_levels: tuple[torch.Tensor, ...] | None = None
+    input_ids: torch.Tensor | None = None
     state: dict[str, Any] | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
 

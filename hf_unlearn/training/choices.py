@@ -31,7 +31,7 @@ FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 MASC_HINGES = ("one_sided", "two_sided")
-CALIBRATION_MATCHES = ("rank", "token")
+CALIBRATION_MATCHES = ("rank", "token", "prompt")
 RETAIN_PROBES = ("screen", "every_probe")
 CALIBRATION_REFERENCES = ("start", "current")
 

@@ -125,8 +125,10 @@ class UnlearnConfig(TrainingArguments):
             counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided.
         calibration_match (`str`, *optional*, defaults to `"token"`):
             How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the never-seen
-            margin at its rank) or 'token' (beyond the paper: a token the never-seen answers use too gets that token's
-            never-seen margin, the forget answers' own words are matched by rank to theirs).
+            margin at its rank), 'token' (beyond the paper: a token the never-seen answers use too gets that token's
+            never-seen margin, the forget answers' own words are matched by rank to theirs) or 'prompt' (beyond the
+            paper: as 'token', and an own word the question holds too, such as the author's name, is matched by rank
+            to the never-seen words repeated from their questions).
         competitor_source (`str`, *optional*, defaults to `"self"`):
             MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
             model, used for MUSE News).
@@ -345,9 +347,7 @@ class UnlearnConfig(TrainingArguments):
     )
     calibration_match: str = field(
         default="token",
-        metadata={
-            "help": "How a forget token finds its never-seen counterpart: 'rank' or 'token' (beyond the paper)."
-        },
+        metadata={"help": "How a forget token finds its never-seen match: 'rank', 'token' or 'prompt' (beyond it)."},
     )
     competitor_source: str = field(
         default="self",

@@ -25,6 +25,7 @@ from ..objectives.margin import (
     calibration_gap,
     exact_reproduction_bound,
     measure_violations,
+    prompt_copies,
     restricted_margin,
     shift_for_causal_lm,
     token_levels,
@@ -141,8 +142,10 @@ class ProbeState:
         self.running_sums: dict[str, torch.Tensor] = {}
         self.running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
         self.running_tokens: list[torch.Tensor] = []  # and their token ids
-        # calibration_match='token': (ids, mean never-seen margins) of the ids the forget answers share
-        self.calibration_levels: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.running_copied: list[torch.Tensor] = []  # and whether their prompt holds them ('prompt' matching)
+        # calibration_match='token': (ids, mean never-seen margins) of the ids the forget answers share; 'prompt':
+        # also the sorted never-seen margins of the own words their prompts hold
+        self.calibration_levels: tuple[torch.Tensor, ...] | None = None
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
         self.calibration_latest: dict[str, float] = {}  # the last calibration measurement's rate and probability
         self.probes_since_calibration = 0
@@ -159,7 +162,14 @@ class ProbeState:
     # --- the running 'train' probe ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def accumulate(self, logits: torch.Tensor, labels: torch.Tensor, reference_logits: torch.Tensor | None) -> None:
+    def accumulate(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor,
+        reference_logits: torch.Tensor | None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> None:
         """Per-example statistics of a forget batch from its own logits, summed on the device until the next probe:
         [violation fraction, answer probability, examples] (and the token margins, for the calibrated target). They
         are what a probe would measure on these examples in eval mode (no dropout: checked at construction), at the
@@ -186,6 +196,8 @@ class ProbeState:
         if self.calibrated:
             self.running_margins.append(margins.margins[margins.mask].float())
             self.running_tokens.append(shifted_labels[margins.mask])
+            if input_ids is not None and self.args.calibration_match == "prompt":
+                self.running_copied.append(prompt_copies(input_ids, labels, attention_mask)[:, 1:][margins.mask])
 
     @torch.no_grad()
     def accumulate_retain(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -202,14 +214,17 @@ class ProbeState:
         processes = self.accelerator.num_processes
         if self.running_margins:
             margins, tokens = torch.cat(self.running_margins), torch.cat(self.running_tokens)
+            copied = torch.cat(self.running_copied).long() if self.running_copied else torch.zeros_like(tokens)
             if processes > 1:
                 margins = self.accelerator.gather(
                     self.accelerator.pad_across_processes(margins, pad_index=float("nan"))
                 )
+                copied = self.accelerator.gather(self.accelerator.pad_across_processes(copied, pad_index=-1))
                 tokens = self.accelerator.gather(self.accelerator.pad_across_processes(tokens, pad_index=-1))
-                margins, tokens = margins[~torch.isnan(margins)], tokens[tokens >= 0]
+                margins, tokens, copied = margins[~torch.isnan(margins)], tokens[tokens >= 0], copied[copied >= 0]
             sums["forget_margins"], sums["forget_tokens"] = margins.cpu(), tokens.cpu()
-            self.running_margins, self.running_tokens = [], []
+            sums["forget_copied"] = copied.bool().cpu()
+            self.running_margins, self.running_tokens, self.running_copied = [], [], []
         for part, size in (("forget", 3), ("retain", 2)):
             total = self.running_sums.get(part)
             if total is None:
@@ -229,11 +244,15 @@ class ProbeState:
         if self.running_margins:  # the calibrated target's forget margins since the last probe, and their tokens
             exported["forget_margins"] = torch.cat(self.running_margins).cpu().tolist()
             exported["forget_tokens"] = [float(t) for t in torch.cat(self.running_tokens).cpu().tolist()]
+            if self.running_copied:
+                exported["forget_copied"] = [float(t) for t in torch.cat(self.running_copied).cpu().tolist()]
         if self.calibration_margins is not None:
             exported["calibration_margins"] = self.calibration_margins.float().cpu().tolist()
         if self.calibration_levels is not None:
             exported["calibration_level_ids"] = [float(t) for t in self.calibration_levels[0].cpu().tolist()]
             exported["calibration_levels"] = self.calibration_levels[1].float().cpu().tolist()
+            if len(self.calibration_levels) > 2:
+                exported["calibration_copied_margins"] = self.calibration_levels[2].float().cpu().tolist()
             exported["calibration_latest"] = [
                 self.calibration_latest.get("violation_rate_calibration", float("nan")),
                 self.calibration_latest.get("calibration_probability", float("nan")),
@@ -255,6 +274,8 @@ class ProbeState:
             [torch.tensor(forget_margins, dtype=torch.float32, device=device)] if forget_margins else []
         )
         self.running_tokens = [torch.tensor(forget_tokens, dtype=torch.long, device=device)] if forget_tokens else []
+        forget_copied = saved.pop("forget_copied", None)
+        self.running_copied = [torch.tensor(forget_copied, device=device).bool()] if forget_copied else []
         margins = saved.pop("calibration_margins", None)
         if margins is not None:
             self.calibration_margins = torch.tensor(margins, dtype=torch.float32, device=device)
@@ -264,6 +285,9 @@ class ProbeState:
                 torch.tensor(level_ids, dtype=torch.long, device=device),
                 torch.tensor(levels, dtype=torch.float32, device=device),
             )
+            copied_margins = saved.pop("calibration_copied_margins", None)
+            if copied_margins is not None:
+                self.calibration_levels += (torch.tensor(copied_margins, dtype=torch.float32, device=device),)
         latest = saved.pop("calibration_latest", None)
         if latest is not None:
             self.calibration_latest = {
@@ -275,7 +299,7 @@ class ProbeState:
             self.probes_since_calibration = int(probe_state[0])
             self.start_retain_probability = None if math.isnan(probe_state[1]) else probe_state[1]
         if not sums:
-            self.running_margins, self.running_tokens, self.running_sums = [], [], {}
+            self.running_margins, self.running_tokens, self.running_copied, self.running_sums = [], [], [], {}
             return
         self.running_sums = {
             part: torch.tensor(values, dtype=torch.float64, device=self.args.device) for part, values in saved.items()
@@ -318,9 +342,15 @@ class ProbeState:
     def _measure_calibration(self) -> dict[str, torch.Tensor]:
         calibration = self._timed("calibration", self.sets.calibration)
         margins = calibration["margins"]
-        if self.args.calibration_match == "token":
-            ids, levels, margins = token_levels(margins, calibration["tokens"], self.sets.forget_ids)
-            self.calibration_levels = (ids.to(self.args.device), levels.to(self.args.device))
+        if self.args.calibration_match in ("token", "prompt"):
+            copied = calibration["copied"] if self.args.calibration_match == "prompt" else None
+            ids, levels, margins, copied_margins = token_levels(
+                margins, calibration["tokens"], self.sets.forget_ids, copied
+            )
+            device = self.args.device
+            self.calibration_levels = (ids.to(device), levels.to(device))
+            if copied is not None:
+                self.calibration_levels += (copied_margins.to(device),)
         self.calibration_margins = margins.sort().values.to(self.args.device)
         self.calibration_latest = {
             "violation_rate_calibration": calibration["fractions"].mean().item(),
@@ -332,7 +362,9 @@ class ProbeState:
     def gap(self, forget: Mapping[str, torch.Tensor]) -> float:
         """The calibration gap of one probe's forget margins and tokens against the never-seen reference held now."""
         levels = None if self.calibration_levels is None else tuple(t.cpu() for t in self.calibration_levels)
-        return calibration_gap(forget["margins"], self.calibration_margins.cpu(), forget.get("tokens"), levels)
+        return calibration_gap(
+            forget["margins"], self.calibration_margins.cpu(), forget.get("tokens"), levels, forget.get("copied")
+        )
 
     def _calibration_is_stale(self, forget_margins: Mapping[str, Any]) -> tuple[bool, float | None]:
         """Whether this probe can keep the never-seen margins last measured, and the gap against them.
@@ -391,7 +423,10 @@ class ProbeState:
             measured["forget_probability_train"] = float(forget_running[1] / forget_running[2])
             train_examples = int(forget_running[2])
             if "forget_margins" in running:
-                forget_margins["train"] = {"margins": running["forget_margins"], "tokens": running["forget_tokens"]}
+                forget_margins["train"] = {
+                    "margins": running["forget_margins"], "tokens": running["forget_tokens"],
+                    "copied": running["forget_copied"],
+                }  # fmt: skip
 
         for name, examples in (("train", self.sets.train), ("holdout", self.sets.holdout)):
             if not examples or f"violation_rate_{name}" in measured:
@@ -399,7 +434,7 @@ class ProbeState:
             margins = self._timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
-            forget_margins[name] = {"margins": margins["margins"], "tokens": margins["tokens"]}
+            forget_margins[name] = {key: margins[key] for key in ("margins", "tokens", "copied")}
             if name == "train":
                 train_examples = len(margins["fractions"])
         # What to measure with a forward pass is decided before any of them, on rank 0's numbers: a sharded model's

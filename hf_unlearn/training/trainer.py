@@ -292,6 +292,7 @@ class UnlearnTrainer(Trainer):
             num_items=num_items,
             calibration_margins=calibration,
             calibration_levels=self.probes.calibration_levels,
+            input_ids=batch["input_ids"],
             state=self.objective_state_callback.view(objective.name, writable=model.training),
         )
 
@@ -303,7 +304,10 @@ class UnlearnTrainer(Trainer):
         loss_inputs.hyperparameters = self.objective_kwargs[part]
         tracked = model.training and not self.sam.perturbed  # SAM's pass at perturbed weights is not measured
         if self.probes.running and tracked and part == "forget":
-            self.probes.accumulate(loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits)
+            self.probes.accumulate(
+                loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits, loss_inputs.input_ids,
+                loss_inputs.attention_mask,
+            )  # fmt: skip
         if self.probes.running and tracked and part == "retain" and self.args.retain_probe == "screen":
             self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
