@@ -1,6 +1,9 @@
 """`hf-unlearn --help` and `hf-unlearn COMMAND --help` answer without importing torch: the commands are declared
-once (hf_unlearn.cli.commands), and a command's help, which lists TrainingArguments' flags, is kept once rendered."""
+once (hf_unlearn.cli.commands), and the options of every command's help, which lists TrainingArguments' flags, are
+kept whenever they were imported, and formatted from there at any terminal width."""
 
+import argparse
+import json
 import os
 import subprocess
 import sys
@@ -8,7 +11,7 @@ import sys
 import pytest
 
 from hf_unlearn.cli import commands
-from hf_unlearn.cli.main import main
+from hf_unlearn.cli.main import help_parsers, main
 
 HEAVY = ("torch", "transformers", "peft", "datasets")
 PROBE = (
@@ -17,8 +20,8 @@ PROBE = (
 )
 
 
-def hf_unlearn(args, cache):
-    env = dict(os.environ, HF_UNLEARN_CACHE=str(cache), COLUMNS="100", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+def hf_unlearn(args, cache, columns=100):
+    env = dict(os.environ, HF_UNLEARN_CACHE=str(cache), COLUMNS=str(columns), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     script = PROBE.format(heavy=HEAVY)
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, env=env, timeout=300)
 
@@ -32,7 +35,7 @@ def test_the_top_level_help_lists_every_command_once_and_imports_no_library(tmp_
     assert len(commands.COMMANDS) >= 9 and "compare" in commands.COMMANDS
 
 
-def test_a_commands_help_is_rendered_once_then_answered_without_torch(tmp_path):
+def test_a_commands_help_is_rendered_once_then_every_help_is_answered_without_torch(tmp_path):
     first = hf_unlearn(["push", "--help"], tmp_path)
     assert first.returncode == 0, first.stderr
     assert first.stdout.startswith("usage: hf-unlearn push [-h]") and "--repo_id" in first.stdout
@@ -40,22 +43,54 @@ def test_a_commands_help_is_rendered_once_then_answered_without_torch(tmp_path):
     second = hf_unlearn(["push", "--help"], tmp_path)
     assert second.returncode == 0 and "HEAVY []" in second.stdout
     assert second.stdout.rsplit("HEAVY", 1)[0] == first.stdout.rsplit("HEAVY", 1)[0]
-    # A flag next to --help is not the plain help: rendered for real, not kept.
-    other = hf_unlearn(["push", "--repo_id", "me/x", "--help"], tmp_path)
-    assert other.returncode == 0 and "'torch'" in other.stdout.rsplit("HEAVY", 1)[1]
+    # Another command, in a narrower terminal: kept too, and the text HfArgumentParser formats at that width.
+    kept = hf_unlearn(["run", "--help"], tmp_path, columns=70)
+    assert kept.returncode == 0 and "HEAVY []" in kept.stdout and "--forget_loss_kwargs" in kept.stdout
+    # A flag next to --help is not the plain help: rendered for real.
+    rendered = hf_unlearn(["run", "--output_dir", "x", "--help"], tmp_path, columns=70)
+    assert rendered.returncode == 0 and "'torch'" in rendered.stdout.rsplit("HEAVY", 1)[1]
+    assert kept.stdout.rsplit("HEAVY", 1)[0] == rendered.stdout.rsplit("HEAVY", 1)[0]
     assert len(os.listdir(tmp_path / "help")) == 1
 
 
-def test_the_kept_help_is_keyed_on_the_source(tmp_path, monkeypatch):
+def test_the_kept_options_format_what_hf_argument_parser_formats_for_every_command(monkeypatch):
+    """Every command answers --help before its job, and its kept options (through JSON, as they are kept) format the
+    same text as its HfArgumentParser at every terminal width."""
+    parsers = help_parsers()
+    assert set(parsers) == set(commands.COMMANDS)
+    for columns in (60, 100, 200):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        for name, parser in parsers.items():
+            kept = json.loads(json.dumps(commands.help_options(parser)))
+            assert commands.parser_of(kept).format_help() == parser.format_help(), (name, columns)
+
+
+def test_any_command_keeps_every_commands_help(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(commands.CACHE_VARIABLE, str(tmp_path))
+    assert not commands.help_is_kept()
+    assert main(["push"]) == 1  # refused (no --repo_id), after it imported what the help needs
+    assert "--repo_id" in capsys.readouterr().err
+    for name in commands.COMMANDS:
+        assert commands.kept_help(name).startswith(f"usage: hf-unlearn {name} [-h]")
+
+
+def test_the_kept_help_is_keyed_on_the_source_and_the_versions(tmp_path, monkeypatch):
     package = tmp_path / "package"
     package.mkdir()
     (package / "arguments.py").write_text("x: int = 1\n")
     monkeypatch.setattr(commands, "PACKAGE_DIR", str(package))
     monkeypatch.setenv(commands.CACHE_VARIABLE, str(tmp_path / "cache"))
-    commands.keep_help("run", "old help\n")
-    assert commands.cached_help("run") == "old help\n"
+    parser = argparse.ArgumentParser(prog="hf-unlearn run", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--x", type=int, default=1, choices=[1, 2], help="An option.")
+    commands.keep_help({"run": parser})
+    assert commands.kept_help("run") == parser.format_help()
     (package / "arguments.py").write_text("x: int = 2\n")  # a default changed: the kept text is not shown
-    assert commands.cached_help("run") is None
+    assert commands.kept_help("run") is None
+    commands.keep_help({"run": parser})
+    installed = commands.metadata.version
+    # torch's version sets the default of TrainingArguments' --optim
+    monkeypatch.setattr(commands.metadata, "version", lambda name: "2.99" if name == "torch" else installed(name))
+    assert commands.kept_help("run") is None
 
 
 def test_a_bad_command_is_refused_without_a_traceback(capsys):

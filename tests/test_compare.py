@@ -28,7 +28,8 @@ def test_region_is_defined_against_the_never_trained_model():
 
 
 def test_the_region_keeps_what_both_models_keep_and_says_what_a_run_misses():
-    from hf_unlearn.jobs.compare import CompareArguments, build_region, region_misses
+    from hf_unlearn.cli.arguments import CompareArguments
+    from hf_unlearn.jobs.compare import build_region, region_misses
 
     def measured(rouge, auc, retain, knowledge, repetitive):
         fluency = {"repetitive_share": repetitive, "empty_share": 0.0, "reference_nll": 2.0}
@@ -127,13 +128,25 @@ def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
 
 
 def test_compare_adapts_the_modules_run_adapts_unless_told_otherwise():
-    from hf_unlearn.jobs.compare import CompareArguments
+    from hf_unlearn.cli.arguments import CompareArguments
     from hf_unlearn.jobs.compare_setups import lora_targets
     from hf_unlearn.training.adapters import DEFAULT_LORA_TARGETS
 
     assert lora_targets(CompareArguments()) == list(DEFAULT_LORA_TARGETS)
     assert lora_targets(CompareArguments(lora_target_modules=["all-linear"])) == "all-linear"
     assert lora_targets(CompareArguments(lora_target_modules=["q_proj", "v_proj"])) == ["q_proj", "v_proj"]
+
+
+def test_compare_races_every_baseline_by_default_and_its_options_keep_their_old_import_path():
+    """compare's options sit with every other command's (hf_unlearn.cli.arguments); the studies' import path
+    hf_unlearn.jobs.compare.CompareArguments is an alias of them until 0.3."""
+    from hf_unlearn.cli.arguments import CompareArguments
+    from hf_unlearn.jobs.compare import CompareArguments as OldPath
+    from hf_unlearn.objectives import FORGET_OBJECTIVES, METHODS
+
+    assert OldPath is CompareArguments
+    stopping = {method for method, (forget, _) in METHODS.items() if FORGET_OBJECTIVES[forget].stops_itself}
+    assert "masc" in stopping and CompareArguments().methods == [m for m in METHODS if m not in stopping]
 
 
 def test_table_of_baselines_alone_leaves_the_masc_columns_empty():

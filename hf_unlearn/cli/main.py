@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Any
 
-from .commands import COMMANDS, cached_help, command, keep_help
+from .commands import COMMANDS, command, help_is_kept, keep_help, kept_help
 
 
 def get_logger() -> Any:
@@ -142,12 +142,8 @@ def demo_main(argv: list[str]) -> Any:
     from ..training.config import UnlearnConfig
     from .arguments import DemoArguments
 
-    demo_args, config = _parse(
-        (DemoArguments, UnlearnConfig),
-        argv,
-        defaults=DEMO_DEFAULTS,
-    )
-    from ..jobs import run_demo
+    demo_args, config = _parse((DemoArguments, UnlearnConfig), argv, defaults=DEMO_DEFAULTS)
+    from ..jobs.demo import run_demo
 
     return run_demo(demo_args, config)
 
@@ -159,7 +155,7 @@ def run_main(argv: list[str]) -> Any:
     from .arguments import RunArguments
 
     run_args, config = _parse((RunArguments, UnlearnConfig), argv)
-    from ..jobs import run_unlearning_job
+    from ..jobs.unlearn import run_unlearning_job
 
     return run_unlearning_job(run_args, config)
 
@@ -185,30 +181,33 @@ def sequence_main(argv: list[str]) -> Any:
 @command("quant-check")
 def quant_check_main(argv: list[str]) -> dict:
     """Reload a model in 4-bit and 8-bit and measure whether forgotten knowledge came back."""
-    from ..jobs import run_quant_check_job
     from .arguments import QuantCheckArguments
 
     (cli,) = _parse((QuantCheckArguments,), argv)
+    from ..jobs.checks import run_quant_check_job
+
     return run_quant_check_job(cli)
 
 
 @command("relearn-check")
 def relearn_check_main(argv: list[str]) -> dict:
     """Fine-tune a copy of an unlearned model on part of its forget set and measure whether the rest comes back."""
-    from ..jobs import run_relearn_check_job
     from .arguments import RelearnCheckArguments
 
     (cli,) = _parse((RelearnCheckArguments,), argv)
+    from ..jobs.checks import run_relearn_check_job
+
     return run_relearn_check_job(cli)
 
 
 @command("audit")
 def audit_main(argv: list[str]) -> dict:
     """Quantization, relearning and membership checks in one report, and a Robustness section in the model card."""
-    from ..jobs import run_audit_job
     from .arguments import AuditArguments
 
     (cli,) = _parse((AuditArguments,), argv)
+    from ..jobs.checks import run_audit_job
+
     return run_audit_job(cli)
 
 
@@ -229,21 +228,39 @@ def push_main(argv: list[str]) -> str:
 @command("eval")
 def eval_main(argv: list[str]) -> dict:
     """TOFU- and MUSE-style evaluation: eval.json, eval.md, a radar chart and truth-ratio histograms."""
-    from ..jobs import run_eval_job
     from .arguments import EvalArguments
 
     (cli,) = _parse((EvalArguments,), argv)
+    from ..jobs.checks import run_eval_job
+
     return run_eval_job(cli)
 
 
 @command("compare")
 def compare_main(argv: list[str]) -> dict:
     """Every method on the embedded benchmark or TOFU, side by side (see hf_unlearn.jobs.compare)."""
-    from ..jobs.compare import CompareArguments
-    from ..jobs.compare_setups import run_compare
+    from .arguments import CompareArguments
 
     (compare_args,) = _parse((CompareArguments,), argv)
+    from ..jobs.compare_setups import run_compare
+
     return run_compare(compare_args)
+
+
+def help_parsers() -> dict[str, argparse.ArgumentParser]:
+    """The parser each command's ``--help`` formats, by command: each command run with ``--help`` alone, which imports
+    its dataclasses and stops at :class:`HelpRequested`, before its job. A command whose help cannot be formatted is
+    left out (its own ``--help`` then says why)."""
+    parsers = {}
+    for name, entry in COMMANDS.items():
+        try:
+            entry.run(["--help"])
+        except HelpRequested as request:
+            request.parser.prog = f"hf-unlearn {name}"
+            parsers[name] = request.parser
+        except Exception as error:  # noqa: BLE001 (the other commands' help is still kept)
+            get_logger().info(f"hf-unlearn {name} --help cannot be formatted: {error}")
+    return parsers
 
 
 #: Errors a user can fix from the message alone; anything else is a bug and keeps its traceback.
@@ -301,19 +318,20 @@ def main(argv: list[str] | None = None) -> int:
         top.print_help()
         return 0 if argv else 2
     command = top.parse_args(argv[:1]).command
-    asks_help = argv[1:] in (["-h"], ["--help"])  # the plain help: kept once rendered
-    if asks_help and (text := cached_help(command)) is not None:
+    asks_help = argv[1:] in (["-h"], ["--help"])  # the plain help: formatted from kept options
+    if asks_help and (text := kept_help(command)) is not None:
         print(text, end="")
         return 0
     quiet_third_party()
+    if not help_is_kept():
+        # Every command's help needs what this command imports anyway (torch, transformers): keep them all, once
+        # per source and versions, so that no later `--help` has to import them.
+        keep_help(help_parsers())
     try:
         result = COMMANDS[command].run(argv[1:])
     except HelpRequested as request:
         request.parser.prog = f"hf-unlearn {command}"
-        text = request.parser.format_help()
-        if asks_help:
-            keep_help(command, text)
-        print(text, end="")
+        print(request.parser.format_help(), end="")
         return 0
     except USER_ERRORS as error:
         if show_traceback:

@@ -4,7 +4,6 @@ sequential requests (:mod:`.sequence`) and the side-by-side comparison of method
 of :mod:`.compare_setups`, written out by :mod:`.compare_report`)."""
 
 from .checks import run_audit_job, run_eval_job, run_quant_check_job, run_relearn_check_job
-from .compare import CompareArguments
 from .compare_setups import run_compare
 from .demo import run_demo
 from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
@@ -12,7 +11,6 @@ from .sequence import ForgetRequest, SequenceResult, run_sequence_job, unlearn_s
 from .unlearn import run_unlearning_job, unlearn_and_report
 
 __all__ = [
-    "CompareArguments",
     "ForgetRequest",
     "SequenceResult",
     "build_trainer",

@@ -23,7 +23,7 @@ from ..data.loaders import load_tofu_folder
 from ..evaluation.metrics import truth_ratios
 from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
-from .compare import CompareArguments, CompareSetting, lm_eval_scorer, parse_overrides, race
+from .compare import CompareSetting, lm_eval_scorer, parse_overrides, race
 
 #: The LoRA rank of TOFU unlearning runs unless --lora_r says otherwise (the library's default rank).
 TOFU_UNLEARNING_LORA_R = 16
@@ -31,7 +31,7 @@ TOFU_UNLEARNING_LORA_R = 16
 TOFU_BASELINE_EPOCHS = 5
 
 
-def tofu_setting(cli: CompareArguments) -> CompareSetting:
+def tofu_setting(cli: Any) -> CompareSetting:
     """Learn (or load from the cache) the TOFU target and its never-trained reference; the sets every run uses."""
     if not cli.tofu_dir:
         raise ValueError("hf-unlearn compare --benchmark tofu needs --tofu_dir FOLDER (authors.jsonl, ...).")
@@ -88,14 +88,16 @@ def tofu_setting(cli: CompareArguments) -> CompareSetting:
     )
 
 
-def lora_targets(cli: CompareArguments) -> Any:
+def lora_targets(cli: Any) -> Any:
     """``--lora_target_modules`` as PEFT takes it: ``"all-linear"`` alone is PEFT's keyword, else a list of names."""
     targets = list(cli.lora_target_modules)
     return "all-linear" if targets == ["all-linear"] else targets
 
 
-def run_compare(cli: CompareArguments) -> dict:
-    """Run the comparison; write compare.json, compare.md and compare.png into ``cli.output_dir``."""
+def run_compare(cli: Any) -> dict:
+    """`hf-unlearn compare`: run the comparison on the options ``cli`` (a
+    :class:`~hf_unlearn.cli.arguments.CompareArguments`); write compare.json, compare.md and compare.png into
+    ``cli.output_dir``."""
     lm_eval = lm_eval_scorer(cli)  # before any work: a missing extra or an unknown task stops here
     # and so does a MASC override that UnlearnConfig refuses (an unknown key, a value out of range)
     UnlearnConfig(output_dir=cli.output_dir, method="masc", report_to="none", **parse_overrides(cli.masc_overrides))
@@ -108,7 +110,7 @@ def run_compare(cli: CompareArguments) -> dict:
     return race(cli, setting, lm_eval)
 
 
-def embedded_setting(cli: CompareArguments) -> CompareSetting:
+def embedded_setting(cli: Any) -> CompareSetting:
     """The embedded benchmark: the fictitious authors learned by a tiny model (or ``cli.base_model``)."""
     from ..benchmarks import learn_target_model, load_split, retain_split_for
 

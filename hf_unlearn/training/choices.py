@@ -34,6 +34,9 @@ MASC_HINGES = ("one_sided", "two_sided")
 CALIBRATION_MATCHES = ("rank", "token", "prompt")
 RETAIN_PROBES = ("screen", "every_probe")
 CALIBRATION_REFERENCES = ("start", "current")
+#: Every registered method that does not stop itself, in registration order: `hf-unlearn compare`'s baselines (MASC
+#: is raced on its own).
+BASELINES = [method for method, (forget, _) in METHODS.items() if not FORGET_OBJECTIVES[forget].stops_itself]
 
 
 def sharded_surgery_error(strategy: str, backend: str) -> ValueError:
@@ -123,6 +126,7 @@ def resolved_for_data(args: Any, has_calibration: bool) -> Any:
 
 
 __all__ = [
+    "BASELINES",
     "CALIBRATION_MATCHES",
     "CALIBRATION_REFERENCES",
     "CUSTOM_METHOD",
