@@ -24,10 +24,11 @@ from typing import Any
 
 import torch
 
+from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.data.examples import tokenize_qa
 from hf_unlearn.evaluation.fluency import fluent_like
 from hf_unlearn.evaluation.membership import min_k_count
-from hf_unlearn.jobs.compare import CompareArguments, build_region, in_region, parse_overrides, region_misses
+from hf_unlearn.jobs.compare import build_region, in_region, parse_overrides, region_misses
 from hf_unlearn.jobs.compare_setups import tofu_setting
 from hf_unlearn.jobs.models import build_trainer
 from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
