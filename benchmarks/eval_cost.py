@@ -1,6 +1,7 @@
 """What a measurement of a pretrained model costs, part by part, against the plain-transformers floor of the same work.
 
-    OMP_NUM_THREADS=1 python benchmarks/eval_py --tofu-dir ../shared/tofu [--quick] [--skip-nf4]
+    OMP_NUM_THREADS=1 python benchmarks/eval_cost.py --tofu-dir ../shared/tofu [--quick] [--skip-nf4]
+        [--only eval|compare|options]
 
 Two measurements of SmolLM2-135M-Instruct as shipped (:func:`hf_unlearn.benchmarks.pretrained.load_smollm2`; the
 cost does not depend on whether the model was fine-tuned, so nothing is learned here) on TOFU's real rows, split as
@@ -20,6 +21,13 @@ the ratio to a floor measured in the same run on the same tokens: one batched fo
 length, no LM-head trimming) over the part's sequences, plus one batched forward+backward for the gradient-norm
 attack; for generation, transformers' batched greedy ``generate`` (batches of 32 in the data's order) of the same
 prompts with the same token budget. ``--quick``: 5 questions per author and 5 per real-knowledge set.
+
+* ``options``: the answers scored as options after one question, on their own: the real-knowledge options (the answer
+  and its three perturbed answers, as compare scores them) and the truth ratio's paraphrased and perturbed answers.
+  TOFU's rows beside the project have none for the fictitious authors, so the truth ratio is measured on the embedded
+  benchmark's forget set (:func:`hf_unlearn.benchmarks.load_split`: ``forget10``, 20 questions, ``forget05`` with
+  ``--quick``), tokenized by SmolLM2's chat template like the rest. The floor is one batched forward over every
+  (prompt + option) sequence, which is what these parts ran before the prompt was encoded once for its options.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from hf_unlearn.benchmarks import load_split  # noqa: E402
 from hf_unlearn.benchmarks.pretrained import load_smollm2  # noqa: E402
 from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, tofu_sets  # noqa: E402
 from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa  # noqa: E402
@@ -163,6 +172,10 @@ def compare_options(model: Any, tokenizer: Any, real: dict[str, Sequence[dict]])
         option_scores(model, tokenizer, records, "answer", batch_size=32, show_progress=False)
 
 
+def paraphrase_pairs(records: Sequence[dict]) -> list[tuple[str, str]]:
+    return [(r["question"], o) for r in records for o in [r["paraphrased_answer"], *r["perturbed_answer"]]]
+
+
 def compare_forget_answers(model: Any, tokenizer: Any, forget: Sequence[dict]) -> list[str]:
     questions, answers = questions_answers(forget)
     return generate_answers(
@@ -289,6 +302,7 @@ def load_data(tofu_dir: str, quick: bool) -> dict[str, Any]:
         "retain": sets["retain"].shuffle(seed=0).select(range(min(60, len(sets["retain"])))),
         "holdout": sets["holdout"],
         "real_knowledge": real,
+        "truth_ratio": list(load_split("forget05" if quick else "forget10")),
     }
 
 
@@ -392,12 +406,37 @@ def measure_compare(model: Any, tokenizer: Any, data: dict[str, Any], meters: li
     print_table("compare --benchmark tofu: one measurement", rows, total)
 
 
+def measure_options(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[ForwardMeter]) -> None:
+    """The answers scored as options after one question: the real-knowledge options and the truth ratio's."""
+    real = {name: list(records) for name, records in data["real_knowledge"].items()}
+    pad_id = pad_token_id_of(tokenizer)
+    rows: list[dict[str, Any]] = []
+    options = qa_sequences(tokenizer, [p for records in real.values() for p in option_pairs(records)])
+    add_part(
+        rows,
+        meters,
+        "real-knowledge options (answer + 3 perturbed)",
+        lambda: compare_options(model, tokenizer, real),
+        lambda: forward_floor(model, options, pad_id),
+    )
+    paraphrased = qa_sequences(tokenizer, paraphrase_pairs(data["truth_ratio"]))
+    add_part(
+        rows,
+        meters,
+        f"truth ratio (embedded forget set, {len(data['truth_ratio'])} q: paraphrased + 3 perturbed)",
+        lambda: truth_ratios(model, tokenizer, data["truth_ratio"]),
+        lambda: forward_floor(model, paraphrased, pad_id),
+    )
+    total = sum(r["seconds"] for r in rows)
+    print_table("options scored after their question", rows, total)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tofu-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tofu"))
     parser.add_argument("--quick", action="store_true", help="5 questions per author and per real-knowledge set")
     parser.add_argument("--skip-nf4", action="store_true")
-    parser.add_argument("--only", choices=("eval", "compare"), default=None)
+    parser.add_argument("--only", choices=("eval", "compare", "options"), default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tokenizer = load_smollm2()
@@ -411,6 +450,8 @@ def main() -> None:
         measure_eval(model, tokenizer, data, meters)
     if args.only in (None, "compare"):
         measure_compare(model, tokenizer, data, meters, nf4=not args.skip_nf4)
+    if args.only in (None, "options"):
+        measure_options(model, tokenizer, data, meters)
 
 
 if __name__ == "__main__":

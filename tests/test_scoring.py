@@ -1,6 +1,7 @@
-"""The single teacher-forced pass (hf_unlearn.evaluation.scoring) and the KV-cache greedy decoder give the values the
-separate passes gave: per-example unbatched forwards and transformers' own generate, on three architectures, with
-padding and batches of mixed lengths."""
+"""The single teacher-forced pass (hf_unlearn.evaluation.scoring), the KV-cache greedy decoder and the options scored
+after one encoding of their question's prompt (metrics.score_after_prompts: the truth ratio, the real-knowledge
+options) give the values the separate passes gave: per-example unbatched forwards, the full (prompt + answer) forward
+and transformers' own generate, on three architectures, with padding and batches of mixed lengths."""
 
 from __future__ import annotations
 
@@ -14,12 +15,20 @@ from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_mode
 from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
 from hf_unlearn.evaluation.memorization import evaluate_memorization, exact_memorization, extraction_strength
 from hf_unlearn.evaluation.metrics import (
+    answer_log_probs,
     answer_probability,
     generate_fallback,
     greedy_decode,
     left_pad,
+    normalized_probabilities,
+    option_scores,
     pad_token_id_of,
+    prompt_cache_keyword,
+    prompt_length,
     reproduction_bound,
+    score_after_prompts,
+    truth_ratios,
+    truth_ratios_from,
 )
 from hf_unlearn.evaluation.scoring import bound_from, memorization_from, score_qa_records
 from hf_unlearn.evaluation.suites import evaluate_unlearning
@@ -158,3 +167,85 @@ def test_a_registered_metric_reads_the_one_pass(tokenizer, records):
         answer_metric("bad", reads=("logits",))
     with pytest.raises(ValueError, match="Unknown answer metric"):
         measure_answers(model, tokenizer, records[:2], ("no_such_metric",))
+
+
+def options_of(record: dict, base_key: str) -> list[str]:
+    return [record[base_key], *record["perturbed_answer"]]
+
+
+def full_forward_scores(model, tokenizer, records, base_key, batch_size):
+    """The old way: every (prompt + option) sequence through the model whole (answer_log_probs' batched pass)."""
+    questions = [r["question"] for r in records for _ in options_of(r, base_key)]
+    answers = [option for r in records for option in options_of(r, base_key)]
+    scored = iter(answer_log_probs(model, tokenizer, questions, answers, batch_size=batch_size))
+    means = [[total / count for total, count in (next(scored) for _ in options_of(r, base_key))] for r in records]
+    return [(row[0], row[1:]) for row in means]
+
+
+def count_tokens(model) -> list[int]:
+    tokens: list[int] = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: tokens.append(kwargs["input_ids"].numel()),
+                                    with_kwargs=True)  # fmt: skip
+    return tokens
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("batch_size", [3, 9, 32])  # one question a batch (4 options > 3), two, all seven
+def test_options_after_one_prompt_give_the_full_forwards_values(tokenizer, records, architecture, batch_size):
+    model = tiny_model(tokenizer, architecture, seed=7, **SMALL)
+    train_on_answers(model, tokenizer, records[:6], steps=30, lr=1e-2)  # sharper than at random initialisation
+    rows = records[:7]
+    examples = [tokenize_qa(tokenizer, r["question"], o) for r in rows for o in options_of(r, "paraphrased_answer")]
+    assert len({prompt_length(e) for e in examples}) > 1  # prompts of different lengths are left-padded together
+    assert len({len(e["input_ids"]) - prompt_length(e) for e in examples}) > 2  # options of mixed lengths
+    assert prompt_cache_keyword(model) is not None
+    old = full_forward_scores(model, tokenizer, rows, "paraphrased_answer", batch_size)
+    tokens = count_tokens(model)
+    new = option_scores(model, tokenizer, rows, "paraphrased_answer", batch_size, show_progress=False)
+    for (old_base, old_options), (new_base, new_options) in zip(old, new, strict=True):
+        assert new_base == pytest.approx(old_base, rel=1e-4, abs=1e-5)
+        assert new_options == pytest.approx(old_options, rel=1e-4, abs=1e-5)
+    # the prompt was encoded once per question: fewer tokens than the full forwards' unpadded sequences
+    assert sum(tokens) < sum(len(e["input_ids"]) for e in examples)
+    # and against one unpadded forward per (prompt + option), by hand
+    by_hand = [hand_answer_log_probs(model, e) for e in examples]
+    flat = [value for base, options in new for value in [base, *options]]
+    assert flat == pytest.approx([sum(v) / len(v) for v in by_hand], rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gpt2"])
+def test_truth_ratio_and_real_knowledge_probability_read_the_one_option_scorer(tokenizer, records, architecture):
+    model = tiny_model(tokenizer, architecture, seed=8, **SMALL)
+    rows = records[:5]
+    ratios = truth_ratios(model, tokenizer, rows, batch_size=8)
+    old = full_forward_scores(model, tokenizer, rows, "paraphrased_answer", 8)
+    assert ratios == pytest.approx(truth_ratios_from(old), rel=1e-4)
+    probabilities = normalized_probabilities(model, tokenizer, rows, batch_size=8)
+    old_answer = full_forward_scores(model, tokenizer, rows, "answer", 8)
+    expected = [1 / (1 + sum(torch.tensor(p - base).exp().item() for p in options)) for base, options in old_answer]
+    assert probabilities == pytest.approx(expected, rel=1e-4)
+
+
+class NoCacheLM(torch.nn.Module):
+    """A causal LM whose forward takes no cache and no position ids (as a custom model's may): the full forward."""
+
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def test_a_model_without_a_cache_is_scored_by_the_full_forward(tokenizer, records):
+    model = NoCacheLM(tiny_model(tokenizer, "qwen2", seed=9, **SMALL))
+    assert prompt_cache_keyword(model) is None
+    rows = records[:4]
+    examples = [tokenize_qa(tokenizer, r["question"], o) for r in rows for o in options_of(r, "answer")]
+    tokens = count_tokens(model)
+    scored = score_after_prompts(model, examples, pad_token_id_of(tokenizer), batch_size=5)
+    assert sum(tokens) >= sum(len(e["input_ids"]) for e in examples)  # every prompt once per option
+    questions = [r["question"] for r in rows for _ in options_of(r, "answer")]
+    answers = [o for r in rows for o in options_of(r, "answer")]
+    assert scored == answer_log_probs(model, tokenizer, questions, answers, batch_size=5)

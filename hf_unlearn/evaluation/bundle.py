@@ -18,13 +18,11 @@ from .metrics import (
     forget_truth_ratio,
     generate_answers,
     model_utility,
-    normalized_probabilities_from,
-    option_scores,
     qa_records,
+    real_knowledge_options,
     retain_truth_ratio,
     rouge_l_recall,
     truth_ratios,
-    truth_ratios_from,
 )
 
 #: Answer length allowed on the real-knowledge sets. Their reference answers are a name or a few words, but a
@@ -114,18 +112,7 @@ def real_knowledge_utility(
     for name, records in sets.items():
         answers = [str(r["answer"]) for r in rows[name]]
         recalls = rouge_l_recall([next(predictions) for _ in answers], answers)
-        scores = option_scores(
-            model, tokenizer, records, "answer", batch_size=32, show_progress=False, prompt_template=prompt_template
-        )
-        options = normalized_probabilities_from(scores)
-        # TOFU's real-knowledge sets compare the perturbed answers with the answer itself (the loader sets it as the
-        # paraphrase): then the truth ratio reads the same scores instead of a second pass over every option.
-        same_base = all("paraphrased_answer" in r and r["paraphrased_answer"] == r["answer"] for r in records)
-        ratios = (
-            truth_ratios_from(scores)
-            if same_base
-            else truth_ratios(model, tokenizer, records, prompt_template=prompt_template)
-        )
+        options, ratios = real_knowledge_options(model, tokenizer, records, prompt_template=prompt_template)
         row = {
             "rouge_l_recall": sum(recalls) / len(recalls) if recalls else float("nan"),
             "probability": sum(options) / len(options) if options else float("nan"),

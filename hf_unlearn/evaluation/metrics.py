@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 import string
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ __all__ = [
     "generate_continuations",
     "model_utility",
     "normalized_probabilities",
+    "real_knowledge_options",
     "reproduction_bound",
     "rouge_l_f1",
     "rouge_l_recall",
@@ -192,7 +194,7 @@ def greedy_decode(
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    positions = left_padded_positions(attention_mask)
     extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
@@ -281,25 +283,170 @@ def score_teacher_forced(
     examples, order = by_length(examples, lambda example: len(example["input_ids"]))
     results: list[Any] = []
     keep_supported = accepts_logits_to_keep(model)
+    total = math.ceil(len(examples) / batch_size)
+    with evaluating(model):
+        for batch in progress_bar(batches(examples, batch_size), total, desc, show_progress):
+            padded = {k: v.to(device) for k, v in pad_examples(batch, pad_token_id).items()}
+            labels = padded["labels"]
+            extra = {}
+            if keep_supported:
+                # The LM head only where an answer token is predicted: from the earliest answer start on.
+                first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
+                labels = labels[:, max(first, 0) :]
+                extra["logits_to_keep"] = labels.shape[1]
+            logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
+            results.extend(score(logits, labels))
+    return restore_order(results, order)
+
+
+@contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """``model`` in eval mode under ``inference_mode``; its training mode is restored afterwards."""
     was_training = model.training
     model.eval()
     try:
-        total = math.ceil(len(examples) / batch_size)
         with torch.inference_mode():
-            for batch in progress_bar(batches(examples, batch_size), total, desc, show_progress):
-                padded = {k: v.to(device) for k, v in pad_examples(batch, pad_token_id).items()}
-                labels = padded["labels"]
-                extra = {}
-                if keep_supported:
-                    # The LM head only where an answer token is predicted: from the earliest answer start on.
-                    first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
-                    labels = labels[:, max(first, 0) :]
-                    extra["logits_to_keep"] = labels.shape[1]
-                logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
-                results.extend(score(logits, labels))
+            yield
     finally:
         model.train(was_training)
-    return restore_order(results, order)
+
+
+def log_prob_sums_and_counts(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[float, int]]:
+    """Per row ``(sum of the answer tokens' log-probabilities, number of answer tokens)`` of a causal LM's
+    ``logits`` and ``labels`` (``-100`` outside the answer)."""
+    log_probs, mask = token_log_probs(logits, labels)
+    return list(zip(log_probs.sum(dim=-1).tolist(), mask.sum(dim=-1).tolist(), strict=True))
+
+
+def prompt_length(example: Mapping[str, Any]) -> int:
+    """The number of leading tokens of a tokenized example whose label is ``-100``: its prompt."""
+    labels = example["labels"]
+    return next((t for t, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
+
+
+def prompt_cache_keyword(model: Any) -> str | None:
+    """The cache keyword (:func:`cache_keyword`) when answers can be scored as continuations of their prompt's KV
+    cache repeated over them, else ``None``: a forward that takes no cache or no position ids, or a cache with a
+    layer that holds no per-token keys and values to repeat (a linear-attention or convolution state, which would
+    also run through a left-padded prompt's padding; a KV-sharing layer's placeholder)."""
+    keyword = cache_keyword(model)
+    if keyword is None:
+        return None
+    from transformers import DynamicCache, cache_utils
+
+    recurrent = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
+    layers = DynamicCache(config=model.config).layers
+    if not all(isinstance(layer, cache_utils.DynamicLayer) and not isinstance(layer, recurrent) for layer in layers):
+        return None
+    return keyword
+
+
+def prompt_batches(
+    groups: Sequence[tuple[tuple[int, ...], list[int]]], batch_size: int
+) -> Iterable[list[tuple[tuple[int, ...], list[int]]]]:
+    """Consecutive ``(prompt, answer indices)`` groups, whole, with at most ``batch_size`` answers a batch (a group
+    of more answers alone)."""
+    batch: list[tuple[tuple[int, ...], list[int]]] = []
+    for group in groups:
+        if batch and sum(len(indices) for _, indices in batch) + len(group[1]) > batch_size:
+            yield batch
+            batch = []
+        batch.append(group)
+    if batch:
+        yield batch
+
+
+def score_after_prompts(
+    model: Any,
+    examples: Sequence[Mapping[str, Any]],
+    pad_token_id: int,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    desc: str = "Scoring options",
+) -> list[tuple[float, int]]:
+    """``(sum of the answer tokens' log-probabilities, number of answer tokens)`` of tokenized examples, as
+    :func:`answer_log_probs`'s teacher-forced pass gives them, with each prompt encoded once for all the answers
+    scored after it (a question's options: the truth ratio's paraphrased and perturbed answers, TOFU's real-knowledge
+    options).
+
+    The prompt of an example is its leading tokens labelled ``-100``; examples with the same prompt form a group.
+    Per batch of groups (sorted by prompt length, at most ``batch_size`` answers): one forward over the prompts but
+    their last token, left-padded, into a ``DynamicCache``; the cache repeated over each group's answers
+    (``reorder_cache``, beam search's own); then one forward over every answer as a right-padded continuation (the
+    prompt's last token, which predicts the first answer token, then the answer), at the positions after its own
+    prompt. Falls back to the full (prompt + answer) forward of :func:`score_teacher_forced` for a model whose cache
+    cannot be continued this way (:func:`prompt_cache_keyword`) and when a prompt has fewer than two tokens (there
+    is then nothing before its last token to cache).
+    """
+    keyword = prompt_cache_keyword(model)
+    lengths = [prompt_length(example) for example in examples]
+    if keyword is None or min(lengths, default=0) < 2:
+        return score_teacher_forced(
+            model, examples, pad_token_id, log_prob_sums_and_counts, batch_size, show_progress, desc
+        )
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, (example, length) in enumerate(zip(examples, lengths, strict=True)):
+        groups.setdefault(tuple(example["input_ids"][:length]), []).append(index)
+    ordered = sorted(groups.items(), key=lambda group: len(group[0]))
+    results: list[tuple[float, int]] = [(0.0, 0)] * len(examples)
+    total = len(list(prompt_batches(ordered, batch_size)))
+    with evaluating(model):
+        for batch in progress_bar(prompt_batches(ordered, batch_size), total, desc, show_progress):
+            indices = [index for _, group in batch for index in group]
+            answers = [
+                {
+                    "input_ids": examples[i]["input_ids"][lengths[i] - 1 :],
+                    "labels": examples[i]["labels"][lengths[i] - 1 :],
+                }
+                for i in indices
+            ]
+            scored = score_continuations(
+                model, keyword, [prompt for prompt, _ in batch], [len(g) for _, g in batch], answers, pad_token_id
+            )
+            for index, value in zip(indices, scored, strict=True):
+                results[index] = value
+    return results
+
+
+def score_continuations(
+    model: Any,
+    keyword: str,
+    prompts: Sequence[Sequence[int]],
+    counts: Sequence[int],
+    answers: Sequence[Mapping[str, Any]],
+    pad_token_id: int,
+) -> list[tuple[float, int]]:
+    """:func:`log_prob_sums_and_counts` of ``answers`` (``input_ids`` from each prompt's last token on, ``labels``
+    ``-100`` on it), the first ``counts[0]`` after ``prompts[0]``, the next ``counts[1]`` after ``prompts[1]``, ...:
+    the prompts but their last token run once into a KV cache, which is repeated over their answers."""
+    from transformers import DynamicCache
+
+    device = model_device(model)
+    prefix = {k: v.to(device) for k, v in left_pad([prompt[:-1] for prompt in prompts], pad_token_id).items()}
+    prefix_mask = prefix["attention_mask"]
+    cache = DynamicCache(config=model.config)
+    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    model(
+        input_ids=prefix["input_ids"], attention_mask=prefix_mask, position_ids=left_padded_positions(prefix_mask),
+        use_cache=True, **{keyword: cache}, **extra,
+    )  # fmt: skip
+    rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
+    cache.reorder_cache(rows)
+    padded = {k: v.to(device) for k, v in pad_examples(answers, pad_token_id).items()}
+    # Every answer continues at the position after its own prompt's tokens: absolute position embeddings (GPT-2)
+    # and rotary ones (Llama, Qwen2) then see the positions of the full (prompt + answer) sequence.
+    start = prefix_mask.sum(dim=-1)[rows]
+    positions = start[:, None] + torch.arange(padded["input_ids"].shape[1], device=device)
+    logits = model(
+        input_ids=padded["input_ids"], attention_mask=torch.cat([prefix_mask[rows], padded["attention_mask"]], dim=-1),
+        position_ids=positions, use_cache=True, **{keyword: cache},
+    ).logits  # fmt: skip
+    return log_prob_sums_and_counts(logits, padded["labels"])
+
+
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: 0 at each row's first token (and on its padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
 
 
 def answer_log_probs(
@@ -322,13 +469,8 @@ def answer_log_probs(
     examples = [
         tokenize_qa(tokenizer, q, a, prompt_template=prompt_template) for q, a in zip(questions, answers, strict=True)
     ]
-
-    def sums_and_counts(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[float, int]]:
-        log_probs, mask = token_log_probs(logits, labels)
-        return list(zip(log_probs.sum(dim=-1).tolist(), mask.sum(dim=-1).tolist(), strict=True))
-
     return score_teacher_forced(
-        model, examples, pad_token_id_of(tokenizer), sums_and_counts, batch_size, show_progress
+        model, examples, pad_token_id_of(tokenizer), log_prob_sums_and_counts, batch_size, show_progress
     )
 
 
@@ -482,18 +624,20 @@ def option_scores(
     prompt_template: str | None = None,
 ) -> list[tuple[float, list[float]]]:
     """Per record with ``base_key`` and ``perturbed_answer``: the mean token log-probability of the base answer
-    and of each perturbed answer, all scored in one batched pass."""
+    and of each perturbed answer, all scored in one batched pass that encodes each question's prompt once for all
+    its options (:func:`score_after_prompts`). The one option scorer of the truth ratio and of the normalised
+    probability over TOFU's real-knowledge options."""
     if hasattr(dataset_or_records, "column_names") and not {base_key, "perturbed_answer"} <= set(
         dataset_or_records.column_names
     ):
         return []
     records = [r for r in dataset_or_records if r.get(base_key) and r.get("perturbed_answer")]
-    questions, answers = [], []
-    for record in records:
-        for answer in [record[base_key], *record["perturbed_answer"]]:
-            questions.append(str(record["question"]))
-            answers.append(str(answer))
-    scored = iter(answer_log_probs(model, tokenizer, questions, answers, batch_size, show_progress, prompt_template))
+    examples = [
+        tokenize_qa(tokenizer, str(record["question"]), str(answer), prompt_template=prompt_template)
+        for record in records
+        for answer in [record[base_key], *record["perturbed_answer"]]
+    ]
+    scored = iter(score_after_prompts(model, examples, pad_token_id_of(tokenizer), batch_size, show_progress))
     result = []
     for record in records:
         base_total, base_count = next(scored)
@@ -543,6 +687,26 @@ def normalized_probabilities(
 def normalized_probabilities_from(scores: Sequence[tuple[float, list[float]]]) -> list[float]:
     """Normalised probabilities from :func:`option_scores` (base = the answer)."""
     return [1.0 / (1.0 + sum(math.exp(p - base) for p in perturbed)) for base, perturbed in scores]
+
+
+def real_knowledge_options(
+    model: Any,
+    tokenizer: Any,
+    dataset_or_records: Any,
+    batch_size: int = 32,
+    show_progress: bool = False,
+    prompt_template: str | None = None,
+) -> tuple[list[float], list[float]]:
+    """Per question of a real-knowledge set (TOFU's real authors and world facts, Maini et al. 2024, §2.5): the
+    probability normalised over the answer and its perturbed answers, and the truth ratio.
+
+    TOFU's real-knowledge sets compare the perturbed answers with the answer itself (the loader sets it as the
+    paraphrase): the truth ratio then reads the same option scores instead of a second pass over every option."""
+    shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
+    scores = option_scores(model, tokenizer, dataset_or_records, "answer", **shared)
+    if all("paraphrased_answer" in r and r["paraphrased_answer"] == r["answer"] for r in dataset_or_records):
+        return normalized_probabilities_from(scores), truth_ratios_from(scores)
+    return normalized_probabilities_from(scores), truth_ratios(model, tokenizer, dataset_or_records, **shared)
 
 
 def forget_truth_ratio(ratios: Sequence[float]) -> float:

@@ -20,8 +20,8 @@ from .metrics import (
     forget_quality,
     forget_truth_ratio,
     model_utility,
-    normalized_probabilities,
     qa_records,
+    real_knowledge_options,
     retain_truth_ratio,
     truth_ratios,
 )
@@ -69,11 +69,12 @@ def evaluate_unlearning(
         # Not part of model utility (TOFU's harmonic mean is over probability, ROUGE and truth ratio only).
         metrics.update(values)
         if name != "retain":  # real authors / world facts: Prob is normalised over the answer options
-            options = normalized_probabilities(model, tokenizer, records, **shared)
+            options, ratios = real_knowledge_options(model, tokenizer, records, **shared)
             if options:
                 metrics["answer_probability"] = metrics["probability"]
                 metrics["probability"] = sum(options) / len(options)
-        ratios = truth_ratios(model, tokenizer, records, **shared)
+        else:
+            ratios = truth_ratios(model, tokenizer, records, **shared)
         metrics["truth_ratio"] = retain_truth_ratio(ratios) if ratios else None
         result[name] = metrics
         utility_values += [metrics["probability"], metrics["rouge_l_recall"]]
