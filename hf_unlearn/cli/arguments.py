@@ -324,6 +324,33 @@ class AuditArguments(CheckArguments, ReferenceModelArguments, LmEvalArguments):
 
 
 @dataclass
+class DistillArguments(CheckArguments):
+    """Options of `hf-unlearn distill` (UNDO, Lee et al. 2025, arXiv 2506.06278): the model named is the teacher and
+    is left as it is; the distilled student goes to --output_dir."""
+
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "A new folder for the distilled model, its record and card (not the unlearned model's)."},
+    )
+    alpha: float = field(
+        default=0.5,
+        metadata={
+            "help": "Perturbation strength in [0, 1]: the student starts at (1 - alpha) * weights + alpha * beta * "
+            "noise (0: the unlearned weights; the paper uses 0.1-0.7)."
+        },
+    )
+    beta: float = field(default=0.1, metadata={"help": "Noise scale (Xavier-uniform draws for weight matrices)."})
+    steps: int = field(default=200, metadata={"help": "Distillation optimizer steps."})
+    learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate of the distillation."})
+    batch_size: int = field(default=8, metadata={"help": "Retain examples per distillation step."})
+    seed: int = field(default=0, metadata={"help": "Seed of the noise and of the batch order."})
+    evaluate: bool = field(
+        default=True,
+        metadata={"help": "Measure forget / retain ROUGE-L of the unlearned model and of the distilled one."},
+    )
+
+
+@dataclass
 class EvalArguments(CheckArguments, ReferenceModelArguments, LmEvalArguments):
     """Options of `hf-unlearn eval`."""
 

@@ -211,6 +211,16 @@ def audit_main(argv: list[str]) -> dict:
     return run_audit_job(cli)
 
 
+@command("distill")
+def distill_main(argv: list[str]) -> dict:
+    """Distil an unlearned model into a noised copy of itself on the retain data (UNDO), saved in a new folder."""
+    from ..jobs.distill import run_distill_job
+    from .arguments import DistillArguments
+
+    (cli,) = _parse((DistillArguments,), argv)
+    return run_distill_job(cli)
+
+
 @command("push")
 def push_main(argv: list[str]) -> str:
     """Push an unlearned model and its model card to the Hub."""

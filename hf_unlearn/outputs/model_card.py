@@ -93,6 +93,8 @@ def _record_rows(record: UnlearnRecord) -> str:
     if record.hyperparameters.get("sam_rho"):
         sam_paper = next((f" ([paper]({url}))" for title, url in papers.items() if "Sharpness-Aware" in title), "")
         rows.append(("Sharpness-aware forgetting", f"on, ρ = {_fmt(record.hyperparameters['sam_rho'])}{sam_paper}"))
+    if record.distillation:
+        rows.append(("Distilled after unlearning (UNDO)", _distillation_text(record.distillation)))
     if record.extra.get("prompt_format"):
         # The format the facts were unlearned in: evaluating in another format measures something else.
         rows.append(("Prompt format", "`" + record.extra["prompt_format"].replace("|", "\\|") + "`"))
@@ -121,6 +123,17 @@ def _record_rows(record: UnlearnRecord) -> str:
     if record.wall_seconds is not None:
         rows.append(("Training time", f"{_fmt(record.wall_seconds)} s"))
     return "\n".join(f"| {name} | {value} |" for name, value in rows)
+
+
+def _distillation_text(distillation: dict[str, Any]) -> str:
+    """What ``hf-unlearn distill`` did: these weights are a noised copy of the unlearned model, distilled to it."""
+    return (
+        f"a copy of the unlearned model moved toward noise (α = {_fmt(distillation['alpha'])}, β = "
+        f"{_fmt(distillation['beta'])}), then distilled to it for {distillation['steps']} steps on "
+        f"{distillation['retain_examples']} retain examples (KL to the unlearned model "
+        f"{_fmt(distillation['kl_perturbed'])} → {_fmt(distillation['kl_distilled'])}; "
+        f"[paper]({distillation.get('paper', 'https://arxiv.org/abs/2506.06278')}))"
+    )
 
 
 def _metrics_section(before: dict | None, after: dict | None) -> str:

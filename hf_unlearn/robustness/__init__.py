@@ -1,5 +1,6 @@
-"""Does the forgetting hold? 4-bit/8-bit reloads (:mod:`.quantize`), the relearning attack (:mod:`.relearn`) and the
-audit that runs them with the membership attacks (:mod:`.audit`)."""
+"""Does the forgetting hold? 4-bit/8-bit reloads (:mod:`.quantize`), the relearning attack (:mod:`.relearn`), the
+audit that runs them with the membership attacks (:mod:`.audit`), and UNDO, the distillation after unlearning meant to
+make the forgetting hold (:mod:`.distill`)."""
 
 from .audit import (
     PRIMARY_ATTACK,
@@ -10,6 +11,7 @@ from .audit import (
     quantization_verdict,
     run_audit,
 )
+from .distill import distill_into_perturbed, perturb_toward_noise
 from .quantize import (
     CPU_PACKING_IN_MULTIPLE,
     CPU_PACKING_OUT_MULTIPLE,
@@ -49,11 +51,13 @@ __all__ = [
     "audit_record_fields",
     "check_quantization_robustness",
     "check_relearning_robustness",
+    "distill_into_perturbed",
     "keep_4bit_layers_trainable",
     "linear_layers",
     "membership_check",
     "mode_measured",
     "modules_to_keep_for_cpu",
+    "perturb_toward_noise",
     "quantization_config",
     "quantization_table",
     "quantization_verdict",

@@ -64,6 +64,8 @@ class UnlearnRecord:
         quantization: the result of :func:`hf_unlearn.robustness.quantize.check_quantization_robustness`, when run.
         relearning: the result of :func:`hf_unlearn.robustness.relearn.check_relearning_robustness`, when run.
         audit: the verdicts of :func:`hf_unlearn.robustness.audit.run_audit` (and its membership part), when run.
+        distillation: the result of :func:`hf_unlearn.robustness.distill.distill_into_perturbed` (UNDO: the saved
+            model is a noised copy of the unlearned one distilled to it), when run (``hf-unlearn distill``).
         extra: anything else a job records (benchmark, split, target model).
         forget_fingerprint: ``sha256:...`` of the forget set's content (:func:`hf_unlearn.training.ledger.
             forget_set_fingerprint`), what the request ledger names the request by.
@@ -109,6 +111,7 @@ class UnlearnRecord:
     quantization: dict[str, Any] | None = None
     relearning: dict[str, Any] | None = None
     audit: dict[str, Any] | None = None
+    distillation: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     forget_fingerprint: str | None = None
     finished_at: str | None = None
