@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import Trainer, TrainingArguments
+from transformers import PrinterCallback, Trainer, TrainingArguments
 from transformers.utils import logging
 
 from ..data.examples import tokenize_qa
@@ -269,6 +269,8 @@ def distill_into_perturbed(
         trainer = DistillationTrainer(
             teacher, model=student, args=args, train_dataset=examples, data_collator=DistillationCollator(pad_id)
         )
+        # Without a progress bar Trainer prints its logs (the end-of-training summary); the library logs instead.
+        trainer.remove_callback(PrinterCallback)
         trainer.train()
     student = trainer.model.eval()
     kl_distilled = mean_kl_to_teacher(student, trainer.teacher, examples, pad_id)
