@@ -20,7 +20,10 @@ tokens put through the model (padding included, every forward call counted, each
 the ratio to a floor measured in the same run on the same tokens: one batched forward (batches of 32 sorted by
 length, no LM-head trimming) over the part's sequences, plus one batched forward+backward for the gradient-norm
 attack; for generation, transformers' batched greedy ``generate`` (batches of 32 in the data's order) of the same
-prompts with the same token budget. ``--quick``: 5 questions per author and 5 per real-knowledge set.
+prompts with the same token budget. ``--quick``: 5 questions per author and 5 per real-knowledge set. Where the
+library has the forward membership attacks read the scoring pass (``membership.attack_reads``), the scoring part
+keeps their per-token values and the membership part reads the forget answers from it; its floor stays the forward
+over the forget and holdout answers that it ran before.
 
 * ``options``: the answers scored as options after one question, on their own: the real-knowledge options (the answer
   and its three perturbed answers, as compare scores them) and the truth ratio's paraphrased and perturbed answers.
@@ -52,7 +55,7 @@ from hf_unlearn.evaluation.bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, qa_membe
 
 # The parts of each measurement, each called the way the measurement calls the library.
 from hf_unlearn.evaluation.fluency import reference_nll  # noqa: E402
-from hf_unlearn.evaluation.membership import FORWARD_ATTACKS, gradient_norms, membership_scores  # noqa: E402
+from hf_unlearn.evaluation.membership import ATTACKS, FORWARD_ATTACKS, gradient_norms, membership_scores  # noqa: E402
 from hf_unlearn.evaluation.memorization import evaluate_memorization  # noqa: E402
 from hf_unlearn.evaluation.metrics import (  # noqa: E402
     answer_probability,
@@ -70,6 +73,11 @@ try:
     from hf_unlearn.evaluation.scoring import score_qa_records
 except ImportError:
     GENERATION_BATCH_SIZE, score_qa_records = 32, None  # the batch size of generation then
+# ... and before the forward attacks read that pass (each ran its own forward over the forget answers then).
+try:
+    from hf_unlearn.evaluation.membership import attack_reads
+except ImportError:
+    attack_reads = None
 from hf_unlearn.evaluation.suites import evaluate_benchmark, qa_evaluation_sets  # noqa: E402
 from hf_unlearn.jobs.compare import CompareSetting, nf4_forget_check  # noqa: E402
 from hf_unlearn.objectives.margin import threshold_from_probability  # noqa: E402
@@ -92,19 +100,24 @@ def eval_generation(model: Any, tokenizer: Any, *sets: Sequence[dict]) -> None:
         )
 
 
-def eval_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> None:
+def eval_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> Any:
     """Probability, memorisation and (forget) the restricted margins from one pass per set; truth ratios. Before
-    the one pass (no ``hf_unlearn.evaluation.scoring``): a pass each, as evaluate_unlearning ran them."""
+    the one pass (no ``hf_unlearn.evaluation.scoring``): a pass each, as evaluate_unlearning ran them. Returns the
+    forget set's scores, with the membership attacks' per-token values where the library keeps them."""
     if score_qa_records is None:
         for records in (forget, retain):
             answer_probability(model, tokenizer, *questions_answers(records))
             evaluate_memorization(model, tokenizer, records)
             truth_ratios(model, tokenizer, records)
         reproduction_bound(model, tokenizer, forget)
-        return
-    for records, k in ((forget, 10), (retain, None)):
-        score_qa_records(model, tokenizer, records, k=k, tau=threshold_from_probability(0.5))
-        truth_ratios(model, tokenizer, records)
+        return None
+    tau = threshold_from_probability(0.5)
+    reads = {"reads": attack_reads(ATTACKS)} if attack_reads is not None else {}
+    forget_scores = score_qa_records(model, tokenizer, forget, k=10, tau=tau, **reads)
+    truth_ratios(model, tokenizer, forget)
+    score_qa_records(model, tokenizer, retain, k=None, tau=tau)
+    truth_ratios(model, tokenizer, retain)
+    return forget_scores
 
 
 def membership_texts(tokenizer: Any, records: Sequence[dict]) -> tuple[list[str], list[str]]:
@@ -113,12 +126,18 @@ def membership_texts(tokenizer: Any, records: Sequence[dict]) -> tuple[list[str]
 
 
 def eval_membership(
-    model: Any, tokenizer: Any, forget: Sequence[dict], holdout: Sequence[dict], gradnorm: bool
+    model: Any, tokenizer: Any, forget: Sequence[dict], holdout: Sequence[dict], gradnorm: bool, scored: Any = None
 ) -> None:
+    """The forward attacks (or the gradient norm) on the forget and holdout answers; the forget answers read from
+    the scoring pass's ``scored`` where the library does so."""
     for records in (forget, holdout):
         texts, prompts = membership_texts(tokenizer, records)
         if gradnorm:
             gradient_norms(model, tokenizer, texts, 2048, prompts)
+        elif attack_reads is not None:
+            membership_scores(
+                model, tokenizer, texts, 0.4, 8, 2048, prompts=prompts, attacks=FORWARD_ATTACKS, scored=scored
+            )
         else:
             membership_scores(model, tokenizer, texts, 0.4, 8, 2048, prompts=prompts, attacks=FORWARD_ATTACKS)
 
@@ -158,13 +177,25 @@ def compare_generation(model: Any, tokenizer: Any, forget: Sequence[dict], retai
     generate_answers(model, tokenizer, questions, REAL_KNOWLEDGE_MAX_NEW_TOKENS, GENERATION_BATCH_SIZE)
 
 
-def compare_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> None:
-    for records in (forget, retain):
-        answer_probability(model, tokenizer, *questions_answers(records))
+def compare_scoring(model: Any, tokenizer: Any, forget: Sequence[dict], retain: Sequence[dict]) -> Any:
+    """The answers' probability; the forget set's pass keeps the Min-K% attack's token log-probabilities where the
+    library reads them there (returned)."""
+    if attack_reads is None:
+        for records in (forget, retain):
+            answer_probability(model, tokenizer, *questions_answers(records))
+        return None
+    scored = score_qa_records(model, tokenizer, forget, reads=attack_reads(["min_k"]))
+    answer_probability(model, tokenizer, *questions_answers(retain))
+    return scored
 
 
-def compare_membership(model: Any, tokenizer: Any, forget: Sequence[dict], holdout: Sequence[dict]) -> None:
-    qa_membership_auc(model, tokenizer, forget, holdout)
+def compare_membership(
+    model: Any, tokenizer: Any, forget: Sequence[dict], holdout: Sequence[dict], scored: Any = None
+) -> None:
+    if attack_reads is None:
+        qa_membership_auc(model, tokenizer, forget, holdout)
+    else:
+        qa_membership_auc(model, tokenizer, forget, holdout, member_scores=scored)
 
 
 def compare_options(model: Any, tokenizer: Any, real: dict[str, Sequence[dict]]) -> None:
@@ -322,11 +353,12 @@ def measure_eval(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[
     ])  # fmt: skip
     rows.append(row("generation (forget, retain)", seconds, tokens, floor))
     qa = qa_sequences(tokenizer, [(r["question"], r["answer"]) for r in forget + retain])
+    scored: dict[str, Any] = {}  # the scoring part's forget scores, which the membership part reads
     add_part(
         rows,
         meters,
         "teacher-forced scoring (forget, retain)",
-        lambda: eval_scoring(model, tokenizer, forget, retain),
+        lambda: scored.update(forget=eval_scoring(model, tokenizer, forget, retain)),
         lambda: forward_floor(model, qa, pad_id),
     )
     members = completion_sequences(tokenizer, forget + holdout)
@@ -334,7 +366,7 @@ def measure_eval(model: Any, tokenizer: Any, data: dict[str, Any], meters: list[
         rows,
         meters,
         "membership, forward attacks (forget, holdout)",
-        lambda: eval_membership(model, tokenizer, forget, holdout, gradnorm=False),
+        lambda: eval_membership(model, tokenizer, forget, holdout, gradnorm=False, scored=scored["forget"]),
         lambda: forward_floor(model, members, pad_id),
     )
     add_part(
@@ -367,11 +399,12 @@ def measure_compare(model: Any, tokenizer: Any, data: dict[str, Any], meters: li
     ])  # fmt: skip
     rows.append(row("generation (forget, retain, real knowledge)", seconds, tokens, floor))
     qa = qa_sequences(tokenizer, [(r["question"], r["answer"]) for r in forget + retain])
+    scored: dict[str, Any] = {}
     add_part(
         rows,
         meters,
         "teacher-forced scoring (forget, retain)",
-        lambda: compare_scoring(model, tokenizer, forget, retain),
+        lambda: scored.update(forget=compare_scoring(model, tokenizer, forget, retain)),
         lambda: forward_floor(model, qa, pad_id),
     )
     members = completion_sequences(tokenizer, forget + holdout)
@@ -379,7 +412,7 @@ def measure_compare(model: Any, tokenizer: Any, data: dict[str, Any], meters: li
         rows,
         meters,
         "membership, Min-K% (forget, holdout)",
-        lambda: compare_membership(model, tokenizer, forget, holdout),
+        lambda: compare_membership(model, tokenizer, forget, holdout, scored["forget"]),
         lambda: forward_floor(model, members, pad_id),
     )
     options = qa_sequences(tokenizer, [p for records in real.values() for p in option_pairs(records)])

@@ -1,5 +1,6 @@
 """Membership attacks and PrivLeak: each attack against a hand computation on a tiny model, MUSE's AUC orientation
-and token count, and batched scoring equal to one text at a time."""
+and token count, batched scoring equal to one text at a time, and the forward attacks read from the answer metrics'
+teacher-forced pass (Llama, Qwen2, GPT-2; padding, mixed lengths) with the values of their own forward."""
 
 import math
 import zlib
@@ -8,8 +9,12 @@ import pytest
 import torch
 
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
+from hf_unlearn.data.prompts import prompt_and_completion
+from hf_unlearn.evaluation.bundle import measure_qa_sets, qa_membership_auc
 from hf_unlearn.evaluation.membership import (
     ATTACKS,
+    FORWARD_ATTACKS,
+    attack_reads,
     membership_auc,
     membership_scores,
     min_k_percent,
@@ -17,6 +22,8 @@ from hf_unlearn.evaluation.membership import (
     privleak,
     token_statistics,
 )
+from hf_unlearn.evaluation.scoring import score_qa_records
+from hf_unlearn.evaluation.suites import evaluate_benchmark, qa_evaluation_sets
 
 TEXTS = ["Question: who?\nAnswer: nobody at all", "short", "A somewhat longer text about an author and a book."]
 
@@ -135,3 +142,155 @@ def test_batched_token_statistics_match_one_text_at_a_time(tokenizer, architectu
         std = ((probs * (log_probs - mean.unsqueeze(-1)).square()).sum(-1)).sqrt()
         assert torch.allclose(got["mean"].double(), mean, atol=1e-4)
         assert torch.allclose(got["std"].double(), std, atol=1e-4)
+
+
+# The forward attacks read the teacher-forced pass of the answer metrics (evaluation/scoring.py) where it ran over the
+# texts' very tokens: the same values as their own forward, without it.
+
+SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict]:
+    return generate_benchmark(num_authors=4, num_holdout_authors=0)
+
+
+def attack_texts(tokenizer, rows, template=None) -> tuple[list[str], list[str]]:
+    """The completions and prompts the QA membership attack scores (what qa_evaluation_sets and compare build)."""
+    pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], template) for r in rows]
+    return [c for _, c in pairs], [p for p, _ in pairs]
+
+
+def attack_sequences(tokenizer, rows, template=None) -> list[tuple[int, ...]]:
+    """The token sequences an attack's own forward runs over: the prompt with special tokens, the text without."""
+    texts, prompts = attack_texts(tokenizer, rows, template)
+    return [
+        tuple(tokenizer(p)["input_ids"] + tokenizer(t, add_special_tokens=False)["input_ids"])
+        for t, p in zip(texts, prompts, strict=True)
+    ]
+
+
+def forwarded_rows(model) -> list[tuple[int, ...]]:
+    """Every unpadded row of every forward without labels (GradNorm's backward forwards pass labels)."""
+    rows: list[tuple[int, ...]] = []
+
+    def record(module, args, kwargs):
+        if kwargs.get("labels") is not None:
+            return
+        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
+        for row, row_mask in zip(ids.tolist(), (mask if mask is not None else torch.ones_like(ids)).tolist()):
+            rows.append(tuple(token for token, kept in zip(row, row_mask) if kept))
+
+    model.register_forward_pre_hook(record, with_kwargs=True)
+    return rows
+
+
+def assert_same_scores(new: dict, old: dict) -> None:
+    assert set(new) == set(old)
+    for attack in old:
+        assert new[attack] == pytest.approx(old[attack], rel=1e-4, abs=1e-5), attack
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_forward_attacks_read_the_scoring_pass_and_give_their_own_forwards_values(tokenizer, records, architecture):
+    from conftest import train_on_answers
+
+    model = tiny_model(tokenizer, architecture, seed=11, **SMALL)
+    train_on_answers(model, tokenizer, records[:8], steps=40, lr=1e-2)  # members memorised, the others not
+    members, others = records[:9], records[9:16]
+    texts, prompts = attack_texts(tokenizer, members)
+    assert len({len(t) for t in texts}) > 2  # answers of mixed lengths
+    # batches of 4 (4 + 4 + 1), right-padded, against the attack's own batches of 3
+    scored = score_qa_records(model, tokenizer, members, batch_size=4, reads=attack_reads(FORWARD_ATTACKS))
+    old = membership_scores(model, tokenizer, texts, batch_size=3, prompts=prompts)
+    other_texts, other_prompts = attack_texts(tokenizer, others)
+    old_others = membership_scores(model, tokenizer, other_texts, batch_size=3, prompts=other_prompts)
+    rows = forwarded_rows(model)
+    new = membership_scores(model, tokenizer, texts, batch_size=3, prompts=prompts, scored=scored)
+    assert rows == []  # no forward: every text was read from the pass
+    assert_same_scores(new, old)
+    assert scored[0].token_log_probs.numel() == len(tokenizer(texts[0], add_special_tokens=False)["input_ids"]) + 1
+    # the never-seen answers are not in the pass: their own forward, the same AUCs
+    new_others = membership_scores(model, tokenizer, other_texts, batch_size=3, prompts=other_prompts, scored=scored)
+    assert sorted(rows) == sorted(attack_sequences(tokenizer, others))
+    assert_same_scores(new_others, old_others)
+    for attack in FORWARD_ATTACKS:
+        assert membership_auc(new[attack], new_others[attack]) == membership_auc(old[attack], old_others[attack])
+    assert membership_auc(old["loss"], old_others["loss"]) < 0.5  # the members are recognised: a real signal
+    # a mixed call reads what it can and runs a forward over the rest only; a pass without the moments cannot give
+    # Min-K%++, so those texts get their own forward
+    rows.clear()
+    mixed = membership_scores(
+        model, tokenizer, texts[:3] + other_texts[:2], batch_size=3, prompts=prompts[:3] + other_prompts[:2],
+        scored=scored,
+    )  # fmt: skip
+    assert len(rows) == 2
+    assert_same_scores(mixed, {a: old[a][:3] + old_others[a][:2] for a in old})
+    without_moments = score_qa_records(model, tokenizer, members, batch_size=4, reads=attack_reads(["min_k"]))
+    assert without_moments[0].token_mean is None
+    rows.clear()
+    membership_scores(model, tokenizer, texts, prompts=prompts, attacks=["min_k"], scored=without_moments)
+    assert rows == []
+    membership_scores(model, tokenizer, texts, prompts=prompts, scored=without_moments)
+    assert len(rows) == len(texts)
+
+
+def test_texts_whose_tokens_differ_from_the_pass_get_their_own_forward(tokenizer, records):
+    """A chat template that writes its own BOS: the attack encodes the prompt with the tokenizer's special tokens
+    (two BOS), the pass without them (one), so the attack's logits saw another prefix; it is not read from the pass."""
+    chat = build_tokenizer(generate_benchmark(num_authors=8), vocab_size=512)
+    chat.chat_template = (
+        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+    )
+    model = tiny_model(chat, "llama", seed=12, **SMALL)
+    rows = records[:5]
+    texts, prompts = attack_texts(chat, rows)
+    scored = score_qa_records(model, chat, rows, reads=attack_reads(FORWARD_ATTACKS))
+    assert scored[0].input_ids[:2] != tuple(chat(prompts[0])["input_ids"][:2])  # one BOS against two
+    forwards = forwarded_rows(model)
+    new = membership_scores(model, chat, texts, prompts=prompts, scored=scored)
+    assert sorted(forwards) == sorted(attack_sequences(chat, rows))
+    assert_same_scores(new, membership_scores(model, chat, texts, prompts=prompts))
+
+
+def test_hf_unlearn_eval_scores_the_forget_answers_once_for_the_attacks(tokenizer, records):
+    """``hf-unlearn eval`` with forget, retain and holdout files: the forget answers' membership scores come from
+    the scoring pass (no forward over the attack's forget sequences), with the values of the attacks' own passes."""
+    from conftest import train_on_answers
+
+    model = tiny_model(tokenizer, "qwen2", seed=13, **SMALL)
+    train_on_answers(model, tokenizer, records[:6], steps=40, lr=1e-2)
+    forget, retain, holdout = records[:6], records[6:10], records[10:16]
+    sets = qa_evaluation_sets(tokenizer, forget, retain, holdout)
+    rows = forwarded_rows(model)
+    result = evaluate_benchmark(model, tokenizer, "your data", sets=sets)
+    assert set(attack_sequences(tokenizer, forget)).isdisjoint(rows)  # the forget answers: read from the scoring pass
+    assert set(attack_sequences(tokenizer, holdout)) <= set(rows)  # the never-seen answers: their own forward
+    assert "forget_scores" not in result  # nothing that is not a metric is written
+    old = {
+        name: membership_scores(model, tokenizer, *attack_texts(tokenizer, data)[:1], prompts=attack_texts(
+            tokenizer, data)[1], attacks=[a for a in ATTACKS if a != "reference"])
+        for name, data in (("forget", forget), ("holdout", holdout))
+    }  # fmt: skip
+    auc = {attack: membership_auc(old["forget"][attack], old["holdout"][attack]) for attack in old["forget"]}
+    assert result["muse"]["auc"] == pytest.approx(auc, abs=1e-12)
+
+
+def test_compare_measurement_scores_the_forget_answers_once_for_min_k(tokenizer, records):
+    from conftest import train_on_answers
+
+    model = tiny_model(tokenizer, "gpt2", seed=14, **SMALL)
+    train_on_answers(model, tokenizer, records[:6], steps=40, lr=1e-2)
+    forget, retain, holdout = records[:6], records[6:10], records[10:16]
+    rows = forwarded_rows(model)
+    measured = measure_qa_sets(
+        model, tokenizer, {"forget": forget, "retain": retain}, forget_set="forget", membership_holdout=holdout
+    )
+    assert set(attack_sequences(tokenizer, forget)).isdisjoint(rows)
+    assert set(attack_sequences(tokenizer, holdout)) <= set(rows)
+    # without membership, no shared pass: the forget answers' probability from evaluate_qa's own
+    old = measure_qa_sets(model, tokenizer, {"forget": forget, "retain": retain}, forget_set="forget")
+    assert measured["forget"]["membership_auc"] == qa_membership_auc(model, tokenizer, forget, holdout)
+    assert {k: v for k, v in measured["forget"].items() if k != "membership_auc"} == old["forget"]
+    assert measured["retain"] == old["retain"]

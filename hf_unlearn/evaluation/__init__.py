@@ -6,8 +6,10 @@ extra imported only when used)."""
 from .bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, measure_qa_sets, qa_membership_auc, real_knowledge_utility
 from .fluency import answer_fluency, distinct_3, fluent_like, repetition
 from .membership import (
+    ATTACK_READS,
     ATTACKS,
     FORWARD_ATTACKS,
+    attack_reads,
     gradient_norms,
     membership_auc,
     membership_scores,
@@ -80,6 +82,7 @@ __all__ = [
     "measure_qa_sets",
     "qa_membership_auc",
     "ATTACKS",
+    "ATTACK_READS",
     "TASKS_DIR",
     "TOFU_TASKS",
     "LmEvalSettings",
@@ -89,6 +92,7 @@ __all__ = [
     "FORWARD_ATTACKS",
     "answer_log_probs",
     "answer_probability",
+    "attack_reads",
     "benchmark_sets",
     "chronicles_evaluation_sets",
     "default_max_new_tokens",

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.prompts import prompt_and_completion
-from .membership import membership_auc, membership_scores
+from .membership import attack_reads, membership_auc, membership_scores
 from .metrics import (
     GENERATION_BATCH_SIZE,
     evaluate_qa,
@@ -24,12 +24,15 @@ from .metrics import (
     rouge_l_recall,
     truth_ratios,
 )
+from .scoring import AnswerScores, measure_answers
 
 #: Answer length allowed on the real-knowledge sets. Their reference answers are a name or a few words, but a
 #: pretrained chat model answers in a sentence ("The play 'Romeo and Juliet' was written by William Shakespeare."):
 #: cut at the reference's length plus a few tokens, the name is never reached and ROUGE-L recall reads ~0 on a model
 #: that knows the fact. TOFU generates up to 200 tokens; 48 holds such a sentence.
 REAL_KNOWLEDGE_MAX_NEW_TOKENS = 48
+#: The attack of the forget set's membership AUC (compare's region): Min-K% (Shi et al. 2024), as MUSE reports it.
+MEMBERSHIP_ATTACK = "min_k"
 
 
 def qa_membership_auc(
@@ -39,17 +42,20 @@ def qa_membership_auc(
     non_members: Sequence[Mapping[str, Any]],
     prompt_template: str | None = None,
     attack: str = "min_k",
+    member_scores: Sequence[AnswerScores] | None = None,
 ) -> float:
     """AUC of ``attack`` telling ``members`` from ``non_members`` (question/answer records), each answer scored as the
-    continuation of its prompt in the format the model learned."""
+    continuation of its prompt in the format the model learned. ``member_scores``: the members' teacher-forced
+    pass taken with the attack's reads (:func:`~hf_unlearn.evaluation.membership.attack_reads`), read instead of
+    scoring the answers again where it ran over the same tokens."""
 
-    def scores(records: Sequence[Mapping[str, Any]]) -> list[float]:
+    def scores(records: Sequence[Mapping[str, Any]], scored: Sequence[AnswerScores] | None) -> list[float]:
         pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
         texts = [completion for _, completion in pairs]
         prompts = [prompt for prompt, _ in pairs]
-        return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,))[attack]
+        return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,), scored=scored)[attack]
 
-    return membership_auc(scores(members), scores(non_members))
+    return membership_auc(scores(members, member_scores), scores(non_members, None))
 
 
 def measure_qa_sets(
@@ -66,12 +72,17 @@ def measure_qa_sets(
     truth ratio (with ``retain_only_truth_ratios``, its forget quality too) when its records carry paraphrased and
     perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records.
     ``return_predictions``: every set's greedy answers under ``"predictions"``."""
-    measured = {
-        name: evaluate_qa(
-            model, tokenizer, records, prompt_template=prompt_template, return_predictions=return_predictions
-        )
-        for name, records in sets.items()
-    }
+    scored: dict[str, Any] = {}
+    if forget_set is not None and membership_holdout is not None:
+        # One pass over the forget answers for their probability and the membership attack's token log-probs.
+        scored[forget_set], _ = measure_answers(
+            model, tokenizer, sets[forget_set], ("probability",), prompt_template=prompt_template,
+            reads=attack_reads((MEMBERSHIP_ATTACK,)),
+        )  # fmt: skip
+    shared = {"prompt_template": prompt_template, "return_predictions": return_predictions}
+    measured = {}
+    for name, data in sets.items():
+        measured[name] = evaluate_qa(model, tokenizer, data, scores=scored.get(name), **shared)
     if forget_set is None:
         return measured
     records = sets[forget_set]
@@ -83,7 +94,9 @@ def measure_qa_sets(
         if retain_only_truth_ratios is not None:
             forget["forget_quality"] = forget_quality(ratios, retain_only_truth_ratios)
     if membership_holdout is not None:
-        forget["membership_auc"] = qa_membership_auc(model, tokenizer, records, membership_holdout, prompt_template)
+        forget["membership_auc"] = qa_membership_auc(
+            model, tokenizer, records, membership_holdout, prompt_template, MEMBERSHIP_ATTACK, scored[forget_set]
+        )
     return measured
 
 

@@ -21,7 +21,12 @@ forget set scores it above the holdout texts, its AUC goes towards 0 and PrivLea
 a model retrained without the forget set has AUC near 0.5 and PrivLeak 0; an over-unlearned model, whose forget
 texts look *less* familiar than never-seen ones, has AUC above 0.5 and a positive PrivLeak.
 
-Scoring is batched (right padding) under ``torch.inference_mode``; GradNorm needs one backward per text.
+Scoring is batched (right padding) under ``torch.inference_mode``; GradNorm needs one backward per text. The
+forward attacks read nothing but the per-token log-probabilities and, for Min-K%++, the moments of the model's
+distribution at each position (:data:`ATTACK_READS`): where the teacher-forced pass of the answer metrics
+(:mod:`hf_unlearn.evaluation.scoring`) already ran over the very tokens a text is scored on, it keeps them when asked
+(``reads=attack_reads(attacks)``) and :func:`membership_scores` reads them there (``scored``) instead of running a
+forward of its own; the texts it does not find there (never-seen answers, other tokens) get their own pass.
 """
 
 from __future__ import annotations
@@ -29,16 +34,31 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from scipy.stats import mannwhitneyu
 
 from .metrics import batches, model_device, pad_token_id_of, progress_bar
 
+if TYPE_CHECKING:
+    from .scoring import AnswerScores
+
 ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "reference", "gradnorm")
 #: What one forward gives; ``reference`` also needs a reference model, ``gradnorm`` a backward per text.
 FORWARD_ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus")
+#: What each forward attack reads of a teacher-forced pass (:data:`hf_unlearn.evaluation.scoring.READS`).
+ATTACK_READS = {
+    "loss": ("token_log_probs",),
+    "zlib": ("token_log_probs",),
+    "min_k": ("token_log_probs",),
+    "min_k_plus_plus": ("token_log_probs", "token_moments"),
+}
+
+
+def attack_reads(attacks: Sequence[str]) -> tuple[str, ...]:
+    """What a teacher-forced pass keeps so that ``attacks`` read it (:data:`ATTACK_READS`; the others read none)."""
+    return tuple(sorted({read for attack in attacks for read in ATTACK_READS.get(attack, ())}))
 
 
 def min_k_count(n: int, k: float) -> int:
@@ -88,9 +108,15 @@ def token_statistics(
     included), the text after it without special tokens, and only the text's tokens are returned (what a model
     trained with the prompt masked actually learned, e.g. the answer of a QA pair).
     """
-    pad_id = pad_token_id_of(tokenizer)
-    device = model_device(model)
     encoded, starts = _encode(tokenizer, texts, max_length, prompts)
+    return _forward_statistics(model, pad_token_id_of(tokenizer), encoded, starts, batch_size, show_progress)
+
+
+def _forward_statistics(
+    model: Any, pad_id: int, encoded: Sequence[list[int]], starts: Sequence[int], batch_size: int, show_progress: bool
+) -> list[dict[str, torch.Tensor]]:
+    """:func:`token_statistics` of already encoded texts whose scored tokens start at ``starts``."""
+    device = model_device(model)
     results: list[dict[str, torch.Tensor]] = []
     was_training = model.training
     model.eval()
@@ -124,6 +150,38 @@ def token_statistics(
     finally:
         model.train(was_training)
     return results
+
+
+def statistics_from_scores(
+    encoded: Sequence[Sequence[int]], starts: Sequence[int], scored: Sequence[AnswerScores], moments: bool
+) -> list[dict[str, torch.Tensor] | None]:
+    """Per encoded text, its :func:`token_statistics` read from a teacher-forced pass's scores
+    (:func:`hf_unlearn.evaluation.scoring.score_answers` with ``reads=attack_reads(...)``), or ``None`` where no
+    score ran over its tokens (or lacks the moments, with ``moments``).
+
+    A score holds a text when the text's tokens are the example's, or the example's but for the EOS that
+    :func:`hf_unlearn.data.tokenize_qa` appends, and the text's scored tokens start where the example's answer
+    does: the logits at every scored position then saw the same prefix, so the values are those of the text's own
+    forward (to float tolerance: the batch and its padding differ). Any other difference (a BOS the tokenizer adds
+    before a chat template's own, a text cut at ``max_length``) is not found and gets the text's own pass."""
+    found: dict[tuple[int, tuple[int, ...]], AnswerScores] = {}
+    for score in scored:
+        if score.input_ids is None or score.token_log_probs is None or (moments and score.token_mean is None):
+            continue
+        for ids in (score.input_ids, score.input_ids[:-1]):
+            found.setdefault((score.answer_start, ids), score)
+    statistics: list[dict[str, torch.Tensor] | None] = []
+    for ids, start in zip(encoded, starts, strict=True):
+        score = found.get((start, tuple(ids)))
+        if score is None:
+            statistics.append(None)
+            continue
+        n = len(ids) - start
+        row = {"log_prob": score.token_log_probs[:n]}
+        if score.token_mean is not None and score.token_std is not None:
+            row.update(mean=score.token_mean[:n], std=score.token_std[:n])
+        statistics.append(row)
+    return statistics
 
 
 def _encode(tokenizer: Any, texts: Sequence[str], max_length: int, prompts: Sequence[str] | None):
@@ -189,16 +247,62 @@ def membership_scores(
     prompts: Sequence[str] | None = None,
     attacks: Sequence[str] = FORWARD_ATTACKS,
     reference_model: Any = None,
+    scored: Sequence[AnswerScores] | None = None,
 ) -> dict[str, list[float]]:
     """Each attack's score of every text (higher = more member-like; see the module docstring); with ``prompts``,
     of the text's tokens as a continuation of its prompt (see :func:`token_statistics`). ``reference`` needs
-    ``reference_model`` (same tokenizer)."""
+    ``reference_model`` (same tokenizer). ``scored``: a teacher-forced pass's scores taken with
+    ``reads=attack_reads(attacks)``; the forward attacks read the texts it ran over from it
+    (:func:`statistics_from_scores`) and run a forward over the others only."""
     unknown = [a for a in attacks if a not in ATTACKS]
     if unknown:
         raise ValueError(f"Unknown membership attack(s) {unknown}; choose from {', '.join(ATTACKS)}.")
     if "reference" in attacks and reference_model is None:
         raise ValueError("The 'reference' attack compares with a reference model: pass reference_model.")
-    statistics = token_statistics(model, tokenizer, texts, batch_size, max_length, prompts=prompts)
+    encoded, starts = _encode(tokenizer, texts, max_length, prompts)
+    statistics: list[dict[str, torch.Tensor]] = []
+    if any(attack in FORWARD_ATTACKS or attack == "reference" for attack in attacks):  # GradNorm alone reads none
+        pad_id = pad_token_id_of(tokenizer)
+        statistics = _statistics(model, pad_id, encoded, starts, batch_size, attacks, scored)
+    scores = attack_scores(statistics, texts, [a for a in attacks if a in FORWARD_ATTACKS], k)
+    if "reference" in attacks:
+        reference = _forward_statistics(reference_model, pad_id, encoded, starts, batch_size, False)
+        scores["reference"] = [
+            s["log_prob"].double().mean().item() - r["log_prob"].double().mean().item()
+            for s, r in zip(statistics, reference, strict=True)
+        ]
+    if "gradnorm" in attacks:
+        scores["gradnorm"] = [-norm for norm in gradient_norms(model, tokenizer, texts, max_length, prompts)]
+    return {attack: scores[attack] for attack in ATTACKS if attack in scores}
+
+
+def _statistics(
+    model: Any,
+    pad_id: int,
+    encoded: Sequence[list[int]],
+    starts: Sequence[int],
+    batch_size: int,
+    attacks: Sequence[str],
+    scored: Sequence[AnswerScores] | None,
+) -> list[dict[str, torch.Tensor]]:
+    """Every text's token statistics: read from ``scored`` where it holds them, one batched forward for the rest."""
+    moments = "min_k_plus_plus" in attacks
+    statistics = statistics_from_scores(encoded, starts, scored, moments) if scored else [None] * len(encoded)
+    missing = [i for i, row in enumerate(statistics) if row is None]
+    if missing:
+        computed = _forward_statistics(
+            model, pad_id, [encoded[i] for i in missing], [starts[i] for i in missing], batch_size, False
+        )
+        for i, row in zip(missing, computed, strict=True):
+            statistics[i] = row
+    return statistics  # type: ignore[return-value]
+
+
+def attack_scores(
+    statistics: Sequence[dict[str, torch.Tensor]], texts: Sequence[str], attacks: Sequence[str], k: float = 0.4
+) -> dict[str, list[float]]:
+    """The forward ``attacks``' scores of texts from their :func:`token_statistics` (``mean`` and ``std`` are read
+    by ``min_k_plus_plus`` only)."""
     scores: dict[str, list[float]] = {}
     if "loss" in attacks:
         scores["loss"] = [s["log_prob"].double().mean().item() for s in statistics]
@@ -208,14 +312,6 @@ def membership_scores(
         scores["min_k"] = [min_k_percent(s["log_prob"], k) for s in statistics]
     if "min_k_plus_plus" in attacks:
         scores["min_k_plus_plus"] = [min_k_plus_plus(s["log_prob"], s["mean"], s["std"], k) for s in statistics]
-    if "reference" in attacks:
-        reference = token_statistics(reference_model, tokenizer, texts, batch_size, max_length, prompts=prompts)
-        scores["reference"] = [
-            s["log_prob"].double().mean().item() - r["log_prob"].double().mean().item()
-            for s, r in zip(statistics, reference, strict=True)
-        ]
-    if "gradnorm" in attacks:
-        scores["gradnorm"] = [-norm for norm in gradient_norms(model, tokenizer, texts, max_length, prompts)]
     return scores
 
 
@@ -240,13 +336,17 @@ def privleak(auc_unlearned: float, auc_retrained: float) -> float:
 
 __all__ = [
     "ATTACKS",
+    "ATTACK_READS",
     "FORWARD_ATTACKS",
+    "attack_reads",
+    "attack_scores",
     "gradient_norms",
     "membership_auc",
     "membership_scores",
     "min_k_percent",
     "min_k_plus_plus",
     "privleak",
+    "statistics_from_scores",
     "token_statistics",
     "zlib_score",
 ]

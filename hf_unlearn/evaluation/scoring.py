@@ -9,15 +9,23 @@ score_teacher_forced`) and keeps, per example, what each of them reads:
   truth ratio), reduced in the batch exactly as :func:`~hf_unlearn.evaluation.metrics.answer_log_probs` does;
 * ``predictions`` and ``labels``: the argmax at every answer position but the last (memorisation metrics);
 * ``violations``: with ``k``, the answer tokens whose restricted margin (:func:`hf_unlearn.objectives.margin.
-  restricted_margin`, self-competitors, beta 1) is above ``tau``, and their number in ``violation_fraction``.
+  restricted_margin`, self-competitors, beta 1) is above ``tau``, and their number in ``violation_fraction``;
+* ``token_log_probs`` (when asked): the example's token ids, where its answer starts, and each answer token's
+  log-probability, EOS included (the loss, zlib and Min-K% membership attacks);
+* ``token_mean`` and ``token_std`` (when asked): at each answer token's position, the mean ``mu = sum_z p log p`` and
+  the standard deviation ``sqrt(sum_z p (log p)^2 - mu^2)`` of ``log p(z | prefix)`` under the model's own
+  distribution, what Min-K%++ standardises with (Zhang et al., "Min-K%++", ICLR 2025, arXiv 2404.02936, §3).
 
 A metric is one registered function (:func:`answer_metric`) that declares what it reads; :func:`measure_answers` runs
-the one pass the requested metrics need (the margins only when one reads them) and computes them all from it.
+the one pass the requested metrics need (the margins, per-token values and moments only when one reads them) and
+computes them all from it. The membership attacks, whose AUC needs two sets, declare what they read in
+:data:`hf_unlearn.evaluation.membership.ATTACK_READS` and read the scores themselves
+(:func:`hf_unlearn.evaluation.membership.membership_scores` with ``scored``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +40,7 @@ from ..objectives.margin import (
     token_log_probs,
     violation_fractions,
 )
-from .metrics import pad_token_id_of, qa_records, score_teacher_forced
+from .metrics import pad_token_id_of, prompt_length, qa_records, score_teacher_forced
 
 
 @dataclass
@@ -44,6 +52,11 @@ class AnswerScores:
     predictions: list[int]
     labels: list[int]
     violation_fraction: float | None = None
+    input_ids: tuple[int, ...] | None = None
+    answer_start: int | None = None
+    token_log_probs: torch.Tensor | None = None
+    token_mean: torch.Tensor | None = None
+    token_std: torch.Tensor | None = None
 
     @property
     def probability(self) -> float:
@@ -61,9 +74,13 @@ def score_answers(
     tau: float = 0.0,
     batch_size: int = 32,
     show_progress: bool = False,
+    reads: Collection[str] = (),
 ) -> list[AnswerScores]:
     """:class:`AnswerScores` of every tokenized example (``input_ids``, ``labels``), one forward each; with ``k``,
-    the violation fraction of the restricted margin at threshold ``tau`` too."""
+    the violation fraction of the restricted margin at threshold ``tau`` too; with ``"token_log_probs"`` or
+    ``"token_moments"`` in ``reads``, the per-token values (the moments imply the log-probabilities)."""
+    moments = "token_moments" in reads
+    per_token = moments or "token_log_probs" in reads
 
     def read(logits: torch.Tensor, labels: torch.Tensor) -> list[AnswerScores]:
         log_probs, mask = token_log_probs(logits, labels)
@@ -73,6 +90,9 @@ def score_answers(
         fractions: list[float | None] = [None] * len(sums)
         if k is not None:
             fractions = violation_fractions(restricted_margin(shifted, shifted_labels, k=k), tau)[0].tolist()
+        # Per row, the answer tokens' values in order (the mask's positions are the answer tokens, prompt first).
+        tokens = log_probs[mask].cpu().split(counts) if per_token else [None] * len(sums)
+        means, stds = distribution_moments(shifted[mask], counts) if moments else ([None] * len(sums),) * 2
         scores = []
         for row, (row_predictions, row_labels) in enumerate(zip(argmaxes, shifted_labels, strict=True)):
             positions = (row_labels != IGNORE_INDEX).nonzero(as_tuple=True)[0][:-1]  # the EOS is not predicted
@@ -83,11 +103,43 @@ def score_answers(
                     row_predictions[positions].tolist(),
                     row_labels[positions].tolist(),
                     fractions[row],
+                    token_log_probs=tokens[row],
+                    token_mean=means[row],
+                    token_std=stds[row],
                 )  # fmt: skip
             )
         return scores
 
-    return score_teacher_forced(model, examples, pad_token_id, read, batch_size, show_progress, desc="Scoring answers")
+    scores = score_teacher_forced(
+        model, examples, pad_token_id, read, batch_size, show_progress, desc="Scoring answers"
+    )  # fmt: skip
+    if per_token:  # what a reader matches its own tokens against (membership_scores)
+        for score, example in zip(scores, examples, strict=True):
+            score.input_ids, score.answer_start = tuple(example["input_ids"]), prompt_length(example)
+    return scores
+
+
+#: Positions whose full distribution :func:`distribution_moments` holds at once (a few (rows, vocabulary) float32
+#: tensors: 256 x 128k is 128 MiB each), so a batch of long answers on a large vocabulary stays within memory.
+MOMENT_CHUNK = 256
+
+
+def distribution_moments(
+    logits: torch.Tensor, counts: Sequence[int]
+) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
+    """Mean and standard deviation of ``log p(z | prefix)`` for ``z ~ p`` at each row of ``logits`` (N, V), on the
+    CPU, split into ``counts``: Min-K%++'s ``mu = sum p log p`` and ``sigma^2 = sum p (log p)^2 - mu^2`` (Zhang et
+    al., ICLR 2025, §3), in float32 as the attack's own forward computes them."""
+    means, stds = [], []
+    for chunk in logits.split(MOMENT_CHUNK):
+        log_probs = torch.log_softmax(chunk.float(), dim=-1)
+        probs = log_probs.exp()
+        mean = (probs * log_probs).sum(-1)
+        means.append(mean)
+        stds.append(((probs * log_probs.square()).sum(-1) - mean.square()).clamp(min=0).sqrt())
+    mean = torch.cat(means) if means else logits.new_zeros(0, dtype=torch.float32)
+    std = torch.cat(stds) if stds else logits.new_zeros(0, dtype=torch.float32)
+    return mean.cpu().split(list(counts)), std.cpu().split(list(counts))
 
 
 def score_qa_records(
@@ -99,6 +151,7 @@ def score_qa_records(
     batch_size: int = 32,
     show_progress: bool = False,
     prompt_template: str | None = None,
+    reads: Collection[str] = (),
 ) -> list[AnswerScores]:
     """:func:`score_answers` of the records with ``question`` and ``answer``, tokenized as for learning
     (:func:`hf_unlearn.data.tokenize_qa`), in the records' order."""
@@ -106,7 +159,7 @@ def score_qa_records(
         tokenize_qa(tokenizer, str(r["question"]), str(r["answer"]), prompt_template=prompt_template)
         for r in qa_records(records)
     ]
-    return score_answers(model, examples, pad_token_id_of(tokenizer), k, tau, batch_size, show_progress)
+    return score_answers(model, examples, pad_token_id_of(tokenizer), k, tau, batch_size, show_progress, reads)
 
 
 def memorization_from(scores: Sequence[AnswerScores]) -> dict[str, float]:
@@ -136,8 +189,10 @@ def bound_from(scores: Sequence[AnswerScores], rho: float) -> dict[str, float]:
 
 
 #: What a pass can give a metric: ``log_probs`` (the sums and counts), ``predictions`` (teacher-forced argmaxes and
-#: labels) and ``margins`` (violation fractions of the restricted margin, at the metric's ``k`` and ``rho``).
-READS = ("log_probs", "predictions", "margins")
+#: labels), ``margins`` (violation fractions of the restricted margin, at the metric's ``k`` and ``rho``),
+#: ``token_log_probs`` (each answer token's log-probability, with the example's token ids) and ``token_moments``
+#: (the mean and standard deviation of the log-probabilities under the model's distribution at each answer token).
+READS = ("log_probs", "predictions", "margins", "token_log_probs", "token_moments")
 
 
 @dataclass(frozen=True)
@@ -202,16 +257,20 @@ def measure_answers(
     batch_size: int = 32,
     show_progress: bool = False,
     prompt_template: str | None = None,
+    reads: Sequence[str] = (),
 ) -> tuple[list[AnswerScores], dict[str, float]]:
-    """The records' scores (one :func:`score_qa_records` pass, with the margins when a metric reads them) and the
-    values of the registered ``metrics`` computed from them."""
+    """The records' scores (one :func:`score_qa_records` pass, with what the metrics read) and the values of the
+    registered ``metrics`` computed from them. ``reads`` (of :data:`READS`): what the pass also keeps for a reader
+    outside the registry, e.g. the membership attacks (:func:`hf_unlearn.evaluation.membership.attack_reads`)."""
     unknown = [name for name in metrics if name not in ANSWER_METRICS]
     if unknown:
         raise ValueError(f"Unknown answer metric(s) {unknown}; registered: {', '.join(ANSWER_METRICS)}.")
-    margins = any("margins" in ANSWER_METRICS[name].reads for name in metrics)
+    if set(reads) - set(READS):
+        raise ValueError(f"A pass gives {', '.join(READS)}; asked for {sorted(set(reads) - set(READS))}.")
+    wanted = set(reads).union(*(ANSWER_METRICS[name].reads for name in metrics))
     scores = score_qa_records(
-        model, tokenizer, records, k if margins else None, threshold_from_probability(rho), batch_size, show_progress,
-        prompt_template,
+        model, tokenizer, records, k if "margins" in wanted else None, threshold_from_probability(rho), batch_size,
+        show_progress, prompt_template, wanted,
     )  # fmt: skip
     values: dict[str, float] = {}
     for name in metrics:
@@ -226,6 +285,7 @@ __all__ = [
     "AnswerScores",
     "answer_metric",
     "bound_from",
+    "distribution_moments",
     "measure_answers",
     "memorization_from",
     "score_answers",

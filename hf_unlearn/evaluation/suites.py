@@ -15,6 +15,7 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
+from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, privleak
 from .metrics import (
     evaluate_qa,
     forget_quality,
@@ -25,7 +26,7 @@ from .metrics import (
     retain_truth_ratio,
     truth_ratios,
 )
-from .scoring import measure_answers
+from .scoring import AnswerScores, measure_answers
 
 
 def evaluate_unlearning(
@@ -40,6 +41,7 @@ def evaluate_unlearning(
     batch_size: int = 32,
     show_progress: bool = False,
     prompt_template: str | None = None,
+    forget_reads: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Forget and retain metrics, truth ratios, forget quality (when the retain-only model's forget truth ratios
     are given), model utility and the exact-reproduction bound (TOFU §2.5, MASC Proposition 1); every set also gets
@@ -49,13 +51,19 @@ def evaluate_unlearning(
     ``paraphrased_answer`` and ``perturbed_answer`` and are skipped (``None``) without them. ``extra_retain_sets``
     (e.g. TOFU's ``real_authors``, ``world_facts``) count towards model utility like the retain set.
     ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.data.prompts`).
+    ``forget_reads``: what else the forget set's pass keeps (:data:`hf_unlearn.evaluation.scoring.READS`, e.g. the
+    membership attacks' :func:`~hf_unlearn.evaluation.membership.attack_reads`); with any, the forget set's
+    :class:`~hf_unlearn.evaluation.scoring.AnswerScores` are returned under ``"forget_scores"``, for the caller to
+    read and take out before the result is written.
     """
     shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}
     # One teacher-forced pass per set, read by every answer metric (evaluation/scoring.py's registry).
     scored, forget_values = measure_answers(
-        model, tokenizer, forget, ("memorization", "reproduction_bound"), k=k, rho=rho, **shared
+        model, tokenizer, forget, ("memorization", "reproduction_bound"), k=k, rho=rho, reads=forget_reads, **shared
     )
     result: dict[str, Any] = {"forget": evaluate_qa(model, tokenizer, forget, scores=scored, **shared)}
+    if forget_reads:
+        result["forget_scores"] = scored
     result["forget"].update({key: forget_values[key] for key in ("exact_memorization", "extraction_strength")})
     forget_ratios = truth_ratios(model, tokenizer, forget, **shared)
     result["forget"]["truth_ratio"] = forget_truth_ratio(forget_ratios) if forget_ratios else None
@@ -106,6 +114,7 @@ def evaluate_muse(
     prompt_template: str | None = None,
     attacks: Sequence[str] | None = None,
     attack_reference_model: Any = None,
+    scored: Sequence[AnswerScores] | None = None,
 ) -> dict[str, Any]:
     """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC, with PrivLeak against
     ``retrained_auc`` (the same AUCs measured on a model retrained without the forget set), on whichever of
@@ -113,8 +122,9 @@ def evaluate_muse(
     texts (up to ``max_length`` tokens), ``generation_batch_size`` for KnowMem's short answers. ``attacks``: the
     membership attacks (default every one of :data:`hf_unlearn.evaluation.membership.ATTACKS` that can run:
     ``reference`` only with ``attack_reference_model``); AUC and PrivLeak in MUSE's orientation
-    (:mod:`hf_unlearn.evaluation.membership`)."""
-    from .membership import ATTACKS, membership_auc, membership_scores, privleak
+    (:mod:`hf_unlearn.evaluation.membership`). ``scored``: a teacher-forced pass over (some of) the membership
+    texts, taken with the attacks' reads; the forward attacks read the texts it holds from it instead of scoring
+    them again (:func:`hf_unlearn.evaluation.membership.membership_scores`)."""
     from .muse import knowmem, verbmem
 
     result: dict[str, Any] = {}
@@ -153,6 +163,7 @@ def evaluate_muse(
                 prompts=sets[name]["prompt"] if "prompt" in sets[name].column_names else None,
                 attacks=attacks,
                 reference_model=attack_reference_model,
+                scored=scored,
             )
             for name in ("privleak_forget", "privleak_holdout")
         )
@@ -257,8 +268,12 @@ def _evaluate_sets(
                 extra_retain_sets=extra or None,
                 show_progress=show_progress,
                 prompt_template=prompt_template,
+                # Prompted membership texts (answers given their questions) are the forget pass's own tokens when
+                # their format is the forget set's: the attacks read that pass (membership.statistics_from_scores).
+                forget_reads=attack_reads(ATTACKS) if _prompted_membership(sets) else (),
             )
         )
+    scored = result.pop("forget_scores", None)
     if any(name.startswith(("verbmem", "knowmem", "privleak")) for name in sets):
         retrained_auc = ((reference or {}).get("muse") or {}).get("auc")
         result["muse"] = evaluate_muse(
@@ -269,8 +284,15 @@ def _evaluate_sets(
             show_progress=show_progress,
             prompt_template=prompt_template,
             attack_reference_model=attack_reference_model,
+            scored=scored,
         )
     return result
+
+
+def _prompted_membership(sets: Mapping[str, Any]) -> bool:
+    """Whether the membership attack runs on answers given their prompts (whose tokens a QA pass may hold)."""
+    data = sets.get("privleak_forget")
+    return data is not None and "privleak_holdout" in sets and "prompt" in getattr(data, "column_names", ())
 
 
 def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
