@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -26,3 +30,47 @@ def test_smollm2_loads_without_the_gguf_bar(capfd):
     model, _ = load_smollm2()
     assert model.config.num_hidden_layers == 30
     assert "de-quantizing" not in capfd.readouterr().err
+
+
+#: The stages `hf-unlearn eval` shows a bar for on question/answer files: nothing else may reach stderr.
+EVAL_STAGES = ("Scoring answers", "Generating answers", "Scoring options")
+
+
+def lora_output(folder, base) -> str:
+    """A LoRA adapter folder as an unlearning run writes one: the adapter on the model in ``base``, its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = with_adapter(AutoModelForCausalLM.from_pretrained(base), lora_config(4, "all-linear", dropout=0.0))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(base).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind", ["full", "lora"])
+def test_hf_unlearn_eval_shows_its_stages_bars_and_nothing_else(tmp_path, kind):
+    """`hf-unlearn eval` of a model folder and of a LoRA output (loaded through PEFT, merged into its base) with
+    forget, retain and holdout files, run as a user runs it (its own process, so that every log record, warning and
+    bar reaches the stderr a user reads): stderr holds the progress bars of its stages and no line besides (no
+    third-party bar, warning or log record)."""
+    from conftest import tiny_model_folder, write_qa_files
+
+    from hf_unlearn.benchmarks import load_split
+
+    tiny_model_folder(tmp_path / "model", "llama", hidden_size=32, num_layers=1, num_heads=2)
+    model = str(tmp_path / "model") if kind == "full" else lora_output(tmp_path / "adapter", tmp_path / "model")
+    write_qa_files(tmp_path)
+    load_split("holdout").select(range(6)).to_json(tmp_path / "holdout.jsonl")
+    argv = ["eval", "--model_name_or_path", model, "--forget_data", str(tmp_path / "forget.json"),
+            "--retain_data", str(tmp_path / "retain.jsonl"), "--holdout_data", str(tmp_path / "holdout.jsonl"),
+            "--output_dir", str(tmp_path / "out"), "--max_examples", "4"]  # fmt: skip
+    # Python's own warning filters, as a user's shell has them: FutureWarning and UserWarning shown, a library's
+    # DeprecationWarning not.
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
+    environment["HF_HUB_OFFLINE"] = "1"
+    done = subprocess.run([sys.executable, "-m", "hf_unlearn.cli", *argv], capture_output=True, text=True,
+                          env=environment, cwd=tmp_path, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stderr.replace("\r", "\n").split("\n") if line.strip()]
+    assert lines  # the bars are shown (a user asked for an evaluation and sees it progress)
+    assert [line for line in lines if not line.startswith(tuple(f"{stage}:" for stage in EVAL_STAGES))] == []
+    assert json.loads((tmp_path / "out" / "eval.json").read_text())["muse"]["auc"]  # the membership part ran

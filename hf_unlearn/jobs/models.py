@@ -10,6 +10,7 @@ from transformers.utils import logging
 
 from ..data.examples import ensure_pad_token
 from ..data.loaders import TOKENIZER_FILES, looks_like_path, missing_path_error, offline_hint
+from ..training.adapters import load_adapter
 from ..training.base_model import changed_weights, local_folder
 from ..training.callbacks import report_progress_in
 from ..training.config import UnlearnConfig
@@ -57,10 +58,8 @@ def load_model_and_tokenizer(
         if base is not None:
             # A LoRA output (an earlier unlearning run): merged into its base, so that it trains like any model
             # (loaded as an adapter its weights would all be frozen) and a new adapter, if asked, starts from it.
-            from peft import PeftModel
-
             model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=trust_remote_code, dtype=dtype)
-            model = PeftModel.from_pretrained(model, name).merge_and_unload()
+            model = load_adapter(model, name).merge_and_unload()
             model.requires_grad_(True)  # PEFT froze the base weights
             logger.info(f"{name} holds a LoRA adapter: merged into its base model {base} for this run.")
         else:

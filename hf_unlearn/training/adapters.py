@@ -4,6 +4,9 @@ as the trainer trains it (:func:`prepare_model`)."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -32,16 +35,30 @@ def lora_config(rank: int, target_modules: Any = DEFAULT_LORA_TARGETS, dropout: 
     return LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=dropout, target_modules=modules, task_type="CAUSAL_LM")
 
 
-def with_adapter(model: Any, peft_config: Any) -> Any:
-    """``peft.get_peft_model(model, peft_config)``, without the FutureWarning transformers raises when PEFT reads the
-    deprecated ``is_gradient_checkpointing`` property of the model (PEFT's own call; nothing a user can change)."""
-    import warnings
-
-    from peft import get_peft_model
-
+@contextmanager
+def without_checkpointing_warning() -> Iterator[None]:
+    """Without the FutureWarning transformers raises when PEFT reads the deprecated ``is_gradient_checkpointing``
+    property of a model (PEFT's own call, on every wrap and every adapter load; nothing a user can change)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
+def with_adapter(model: Any, peft_config: Any) -> Any:
+    """``peft.get_peft_model(model, peft_config)`` (:func:`without_checkpointing_warning`)."""
+    from peft import get_peft_model
+
+    with without_checkpointing_warning():
         return get_peft_model(model, peft_config)
+
+
+def load_adapter(model: Any, folder: str) -> Any:
+    """``peft.PeftModel.from_pretrained(model, folder)``: the adapter saved in ``folder`` on ``model``
+    (:func:`without_checkpointing_warning`)."""
+    from peft import PeftModel
+
+    with without_checkpointing_warning():
+        return PeftModel.from_pretrained(model, folder)
 
 
 def check_causal_lm(model: Any) -> None:
