@@ -61,11 +61,10 @@ from hf_unlearn.evaluation.metrics import (  # noqa: E402
     answer_probability,
     default_max_new_tokens,
     generate_answers,
-    option_scores,
     pad_token_id_of,
     reproduction_bound,
-    truth_ratios,
 )
+from hf_unlearn.evaluation.options import option_scores, truth_ratios  # noqa: E402
 
 # The same script measures the library before the one scoring pass (the parts then call what it called).
 try:

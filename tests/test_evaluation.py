@@ -119,7 +119,8 @@ def test_evaluate_unlearning_reports_every_axis():
 
 
 def test_normalized_probability_is_a_share_of_the_options():
-    from hf_unlearn.evaluation.metrics import answer_log_probs, normalized_probabilities
+    from hf_unlearn.evaluation.metrics import answer_log_probs
+    from hf_unlearn.evaluation.options import normalized_probabilities
 
     tokenizer = build_tokenizer()
     model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=1, num_heads=2)

@@ -163,7 +163,7 @@ def test_truth_ratio_aggregations_on_known_values():
 
 
 def test_truth_ratio_matches_answer_log_probs(tokenizer, records):
-    from hf_unlearn.evaluation.metrics import truth_ratios
+    from hf_unlearn.evaluation.options import truth_ratios
 
     model = tiny_model(tokenizer, "llama", seed=2, **SMALL)
     record = records[0]

@@ -1,5 +1,5 @@
 """The single teacher-forced pass (hf_unlearn.evaluation.scoring), the KV-cache greedy decoder and the options scored
-after one encoding of their question's prompt (metrics.score_after_prompts: the truth ratio, the real-knowledge
+after one encoding of their question's prompt (options.score_after_prompts: the truth ratio, the real-knowledge
 options) give the values the separate passes gave: per-example unbatched forwards, the full (prompt + answer) forward
 and transformers' own generate, on three architectures, with padding and batches of mixed lengths."""
 
@@ -20,12 +20,14 @@ from hf_unlearn.evaluation.metrics import (
     generate_fallback,
     greedy_decode,
     left_pad,
-    normalized_probabilities,
-    option_scores,
     pad_token_id_of,
-    prompt_cache_keyword,
     prompt_length,
     reproduction_bound,
+)
+from hf_unlearn.evaluation.options import (
+    normalized_probabilities,
+    option_scores,
+    prompt_cache_keyword,
     score_after_prompts,
     truth_ratios,
     truth_ratios_from,

@@ -38,19 +38,18 @@ from .metrics import (
     generate_answers,
     generate_continuations,
     model_utility,
-    normalized_probabilities,
     qa_records,
     reproduction_bound,
     retain_truth_ratio,
     rouge_l_f1,
     rouge_l_recall,
     score_teacher_forced,
-    truth_ratios,
 )
 from .muse import (
     knowmem,
     verbmem,
 )
+from .options import normalized_probabilities, truth_ratios
 from .suites import (
     benchmark_sets,
     chronicles_evaluation_sets,

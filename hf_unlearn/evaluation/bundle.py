@@ -19,11 +19,10 @@ from .metrics import (
     generate_answers,
     model_utility,
     qa_records,
-    real_knowledge_options,
     retain_truth_ratio,
     rouge_l_recall,
-    truth_ratios,
 )
+from .options import real_knowledge_options, truth_ratios
 from .scoring import AnswerScores, measure_answers
 
 #: Answer length allowed on the real-knowledge sets. Their reference answers are a name or a few words, but a

@@ -16,16 +16,8 @@ from datasets import Dataset
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
 from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, privleak
-from .metrics import (
-    evaluate_qa,
-    forget_quality,
-    forget_truth_ratio,
-    model_utility,
-    qa_records,
-    real_knowledge_options,
-    retain_truth_ratio,
-    truth_ratios,
-)
+from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, model_utility, qa_records, retain_truth_ratio
+from .options import real_knowledge_options, truth_ratios
 from .scoring import AnswerScores, measure_answers
 
 

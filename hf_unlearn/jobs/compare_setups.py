@@ -20,7 +20,7 @@ from typing import Any
 from ..benchmarks.tofu_target import TofuAuthorSplit, describe_split, learn_tofu_target, tofu_sets
 from ..data.examples import build_qa_dataset
 from ..data.loaders import load_tofu_folder
-from ..evaluation.metrics import truth_ratios
+from ..evaluation.options import truth_ratios
 from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
 from .compare import CompareSetting, lm_eval_scorer, parse_overrides, race

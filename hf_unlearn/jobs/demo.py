@@ -25,7 +25,7 @@ def embedded_reference(
     """What forget quality and PrivLeak compare with on the embedded benchmark: the evaluation (forget truth ratios,
     membership-attack AUCs) of its retain-only model, learned once and cached."""
     from ..benchmarks.target_model import learn_retain_only_model
-    from ..evaluation.metrics import truth_ratios
+    from ..evaluation.options import truth_ratios
     from ..evaluation.suites import embedded_evaluation_sets, evaluate_muse
 
     model, tokenizer = learn_retain_only_model(split, cache_dir, architecture)
@@ -55,7 +55,7 @@ def answers_beside(model: Any, never_trained: Any, tokenizer: Any, records: Any,
 def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     """The README's main job: learn the embedded benchmark, then forget its forget split."""
     from ..benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
-    from ..evaluation.metrics import truth_ratios
+    from ..evaluation.options import truth_ratios
 
     if demo_args.benchmark == "chronicles":
         return run_chronicles_demo(demo_args, config)
