@@ -228,6 +228,7 @@ def main() -> None:
         trainer.train()
         record = trainer.record
         model = trainer.model
+        model.save_pretrained(os.path.join(args.output_dir, "adapter"))  # the stopped model, for later reading
         result["run"] = {
             "seconds": time.perf_counter() - start,
             "steps": record.global_step,

@@ -12,6 +12,7 @@ from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.benchmarks import build_tokenizer, tiny_model
 from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs
 from hf_unlearn.objectives.classic import rmu_direction
+from hf_unlearn.objectives.masc import rival_kl
 
 # One sequence: a prompt token, then a 2-token answer (labels 1 then 2). Position t predicts token t + 1.
 LOGITS = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.0, 1.5, -0.5], [0.0, 0.0, 0.0, 0.0]]])
@@ -31,6 +32,7 @@ CONFIG = types.SimpleNamespace(
     masc_hinge="one_sided",
     competitor_source="self",
     competitor_delta=None,
+    masc_rival_kl=0.0,
     rmu_layer=0,
     rmu_steering_coefficient=2.0,
     seed=0,
@@ -164,6 +166,40 @@ def test_masc_hinge_matches_a_word_the_prompt_holds_with_the_never_seen_repeated
     inputs.input_ids = torch.tensor([[3, 1, 2]])  # nothing repeated: both against the own words
     both_own = (1.5 + max(second - (first - 1.0 - 0.5), 0.0)) / 0.5 / 2
     assert both_own != pytest.approx(4.0) and FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(both_own)
+
+
+def hand_rival_kl(position: int, target: int, logits: torch.Tensor = LOGITS) -> float:
+    """KL(reference || model) of the two distributions over the tokens other than ``target``, by definition."""
+
+    def others(row):
+        rest = [v for i, v in enumerate(row) if i != target]
+        z = math.log(sum(math.exp(v) for v in rest))
+        return [v - z for v in rest]
+
+    p, q = others(REFERENCE[0][position].tolist()), others(logits[0][position].tolist())
+    return sum(math.exp(a) * (a - b) for a, b in zip(p, q))
+
+
+def test_masc_rival_kl_keeps_the_other_tokens_distribution_of_the_start_model():
+    """masc_rival_kl (beyond the paper): hinge + weight * mean over answer tokens of KL(start || model) over the
+    tokens other than the answer token, by hand; it needs the start model only when on; it leaves the answer token's
+    own logit without gradient (the hinge alone moves it), and a shift of every other logit by one number costs
+    nothing (only their shape is held)."""
+    config = types.SimpleNamespace(**{**vars(CONFIG), "masc_rival_kl": 2.0})
+    kl = (hand_rival_kl(0, 1) + hand_rival_kl(1, 2)) / 2
+    assert kl > 0.05
+    assert run(FORGET_OBJECTIVES, "masc") + 2.0 * kl == pytest.approx(
+        FORGET_OBJECTIVES["masc"].fn(LossInputs(logits=LOGITS, labels=LABELS, config=config,
+                                                reference_logits=REFERENCE)).item(), rel=1e-6)  # fmt: skip
+    assert FORGET_OBJECTIVES["masc"].needs_reference(config) and not FORGET_OBJECTIVES["masc"].needs_reference(CONFIG)
+    logits = LOGITS.clone().requires_grad_(True)
+    rival_kl(logits[:, :-1], REFERENCE[:, :-1], LABELS[:, 1:]).backward()
+    assert logits.grad[0, 0, 1].item() == 0.0 and logits.grad[0, 1, 2].item() == 0.0
+    assert logits.grad[0, :2].abs().sum().item() > 0.01 and torch.isfinite(logits.grad).all()
+    shifted = LOGITS.clone()
+    shifted[0, 0, [0, 2, 3]] += 3.0
+    assert rival_kl(shifted[:, :-1], REFERENCE[:, :-1], LABELS[:, 1:]).item() == pytest.approx(kl, rel=1e-5)
+    assert hand_rival_kl(0, 1, REFERENCE) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_idk_dpo():

@@ -9,12 +9,14 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
+from ..data.examples import IGNORE_INDEX
 from .margin import (
     masc_hinge,
     matched_thresholds,
     prompt_copies,
     restricted_margin,
     shift_for_causal_lm,
+    upcast_half,
 )
 from .registry import (
     LossInputs,
@@ -45,7 +47,7 @@ def _check_masc_k(model: Any, config: Any) -> None:
 @register_forget_objective(
     "masc",
     paper=MASC_PAPER,
-    needs_reference=lambda config: config.competitor_source == "teacher",
+    needs_reference=lambda config: config.competitor_source == "teacher" or config.masc_rival_kl > 0,
     hyperparameters=(
         "masc_k",
         "masc_beta",
@@ -56,6 +58,7 @@ def _check_masc_k(model: Any, config: Any) -> None:
         "calibration_match",
         "competitor_source",
         "competitor_delta",
+        "masc_rival_kl",
     ),
     prepare=_check_masc_k,
     needs_calibration=lambda config: config.masc_threshold == "calibration",
@@ -101,4 +104,33 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
         )
         tau = thresholds
     two_sided = config.masc_hinge == "two_sided" and config.masc_threshold == "calibration"
-    return masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)
+    loss = masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)
+    if config.masc_rival_kl > 0:
+        reference, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
+        loss = loss + config.masc_rival_kl * rival_kl(logits, reference, labels, inputs.num_items)
+    return loss
+
+
+def rival_kl(
+    logits: torch.Tensor,
+    reference_logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """KL(start model || model) of the distribution over the tokens *other than the answer token*, at each answer
+    token (aligned ``logits``/``labels``, as :func:`~hf_unlearn.objectives.margin.shift_for_causal_lm` returns them),
+    summed and divided by ``num_items`` (else by this batch's answer tokens). Beyond the MASC paper: the hinge
+    decides how far the forgotten token falls; this term decides what takes its place, the alternatives the start
+    model had there (another name, another profession) rather than a rival the hinge raised at every position."""
+    mask = labels != IGNORE_INDEX
+    targets = labels[mask]
+    student = upcast_half(logits[mask])
+    teacher = upcast_half(reference_logits[mask].detach())
+    rows = torch.arange(len(targets), device=targets.device)
+    student = student.index_put((rows, targets), torch.tensor(float("-inf"), device=student.device))
+    teacher = teacher.index_put((rows, targets), torch.tensor(float("-inf"), device=teacher.device))
+    student_log = torch.log_softmax(student, dim=-1)
+    teacher_log = torch.log_softmax(teacher, dim=-1)
+    # The answer token's own column is -inf in both: 0 * (-inf) is masked out explicitly.
+    per_token = torch.where(teacher_log.isfinite(), teacher_log.exp() * (teacher_log - student_log), 0.0).sum(-1)
+    return per_token.sum() / (num_items if num_items is not None else mask.sum().clamp(min=1))
