@@ -200,6 +200,15 @@ def test_masc_rival_kl_keeps_the_other_tokens_distribution_of_the_start_model():
     shifted[0, 0, [0, 2, 3]] += 3.0
     assert rival_kl(shifted[:, :-1], REFERENCE[:, :-1], LABELS[:, 1:]).item() == pytest.approx(kl, rel=1e-5)
     assert hand_rival_kl(0, 1, REFERENCE) == pytest.approx(0.0, abs=1e-12)
+    for dtype in (torch.float64, torch.bfloat16):  # a float64 model keeps its precision; bf16 logits are upcast
+        value = rival_kl(LOGITS[:, :-1].to(dtype), REFERENCE[:, :-1].to(dtype), LABELS[:, 1:]).item()
+        assert value == pytest.approx(kl, rel=1e-6 if dtype == torch.float64 else 2e-2)
+
+
+@pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])
+def test_masc_rival_kl_refuses_a_weight_that_is_not_a_finite_number_at_least_zero(weight):
+    with pytest.raises(ValueError, match="masc_rival_kl must be a finite number >= 0"):
+        UnlearnConfig(output_dir="x", method="masc", masc_rival_kl=weight, report_to="none")
 
 
 def test_idk_dpo():

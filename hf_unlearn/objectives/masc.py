@@ -126,9 +126,8 @@ def rival_kl(
     targets = labels[mask]
     student = upcast_half(logits[mask])
     teacher = upcast_half(reference_logits[mask].detach())
-    rows = torch.arange(len(targets), device=targets.device)
-    student = student.index_put((rows, targets), torch.tensor(float("-inf"), device=student.device))
-    teacher = teacher.index_put((rows, targets), torch.tensor(float("-inf"), device=teacher.device))
+    student = student.scatter(-1, targets.unsqueeze(-1), float("-inf"))
+    teacher = teacher.scatter(-1, targets.unsqueeze(-1), float("-inf"))
     student_log = torch.log_softmax(student, dim=-1)
     teacher_log = torch.log_softmax(teacher, dim=-1)
     # The answer token's own column is -inf in both: 0 * (-inf) is masked out explicitly.

@@ -134,7 +134,7 @@ class UnlearnConfig(TrainingArguments):
             model, used for MUSE News).
         competitor_delta (`float` or `None`, *optional*, defaults to `None`):
             MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5).
-        masc_rival_kl (`float`, *optional*, defaults to `0.0`):
+        masc_rival_kl (`float`, *optional*, defaults to `10.0`):
             MASC (beyond the paper): weight of a KL term that keeps, at every forget answer token, the model's
             distribution over the *other* tokens (the target left out and the rest renormalised) where the frozen
             start model has it, so the hinge may lower the forgotten token but not make one frequent rival (a year,
@@ -363,7 +363,7 @@ class UnlearnConfig(TrainingArguments):
         metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
     )
     masc_rival_kl: float = field(
-        default=0.0,
+        default=10.0,
         metadata={"help": "MASC (beyond the paper): weight of a KL holding the other tokens' distribution at start."},
     )
 
