@@ -17,9 +17,10 @@ NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
 
 
 def config(tmp_path, **overrides):
-    return unlearn_config(
-        tmp_path, **{**dict(max_steps=30, probe_interval=2, learning_rate=3e-3, forget_weight=1.0), **overrides}
-    )
+    # The hinge alone (masc_rival_kl 0): these tests are about when a run stops, at a budget the hinge alone meets;
+    # the default's KL is tested below and end to end by the demo (test_cli).
+    defaults = dict(max_steps=30, probe_interval=2, learning_rate=3e-3, forget_weight=1.0, masc_rival_kl=0.0)
+    return unlearn_config(tmp_path, **{**defaults, **overrides})
 
 
 def fresh(state):
@@ -397,3 +398,27 @@ def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_exa
     assert trainer.record.stop_kind == "target" and trainer.record.global_step < 500
     report = json.loads(json.dumps(trainer.record.to_dict()))
     assert report["stop_reason"].startswith("target reached")
+
+
+def test_masc_rival_kl_is_on_with_a_calibrated_threshold_and_off_with_the_papers(tmp_path, memorized_llama_state):
+    """masc_rival_kl=None (the default) resolves to 10 when the threshold is calibrated and to 0 with the paper's
+    fixed tau; the start model is kept for it only when it is on (a retain term that needs none: NLL); a given value
+    stays as given, and the run record holds the resolved one."""
+    from hf_unlearn.training.choices import DEFAULT_MASC_RIVAL_KL
+
+    def trainer(calibrated, **overrides):
+        settings = {"retain_loss": "nll", "max_steps": 2, "masc_rival_kl": None, **overrides}
+        never_seen = NEVER_SEEN if calibrated else None
+        return UnlearnTrainer(
+            fresh(memorized_llama_state), config(tmp_path, **settings), FORGET, RETAIN, calibration_dataset=never_seen
+        )
+
+    on, off = trainer(True), trainer(False)
+    assert (on.args.masc_rival_kl, off.args.masc_rival_kl) == (DEFAULT_MASC_RIVAL_KL, 0.0) == (10.0, 0.0)
+    assert on.ref_model is not None and off.ref_model is None
+    assert (
+        trainer(False, masc_rival_kl=2.5).args.masc_rival_kl == 2.5
+        and trainer(True, masc_rival_kl=0.0).ref_model is None
+    )
+    on.train()
+    assert on.record.hyperparameters["masc_rival_kl"] == DEFAULT_MASC_RIVAL_KL

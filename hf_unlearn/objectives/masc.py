@@ -47,7 +47,7 @@ def _check_masc_k(model: Any, config: Any) -> None:
 @register_forget_objective(
     "masc",
     paper=MASC_PAPER,
-    needs_reference=lambda config: config.competitor_source == "teacher" or config.masc_rival_kl > 0,
+    needs_reference=lambda config: config.competitor_source == "teacher" or (config.masc_rival_kl or 0) > 0,
     hyperparameters=(
         "masc_k",
         "masc_beta",
@@ -105,7 +105,7 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
         tau = thresholds
     two_sided = config.masc_hinge == "two_sided" and config.masc_threshold == "calibration"
     loss = masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)
-    if config.masc_rival_kl > 0:
+    if (config.masc_rival_kl or 0) > 0:
         reference, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
         loss = loss + config.masc_rival_kl * rival_kl(logits, reference, labels, inputs.num_items)
     return loss

@@ -134,11 +134,12 @@ class UnlearnConfig(TrainingArguments):
             model, used for MUSE News).
         competitor_delta (`float` or `None`, *optional*, defaults to `None`):
             MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5).
-        masc_rival_kl (`float`, *optional*, defaults to `10.0`):
+        masc_rival_kl (`float` or `None`, *optional*, defaults to `None`):
             MASC (beyond the paper): weight of a KL term that keeps, at every forget answer token, the model's
             distribution over the *other* tokens (the target left out and the rest renormalised) where the frozen
             start model has it, so the hinge may lower the forgotten token but not make one frequent rival (a year,
             a word piece) the answer everywhere. Needs the start model's logits (one more forward of the forget batch).
+            None: 10 with a calibrated threshold (masc_threshold resolved to 'calibration'), 0 with the paper's tau.
 
     > Parameters that control the stopping rule (§3, and the calibrated target)
 
@@ -362,8 +363,8 @@ class UnlearnConfig(TrainingArguments):
         default=None,
         metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
     )
-    masc_rival_kl: float = field(
-        default=10.0,
+    masc_rival_kl: float | None = field(
+        default=None,
         metadata={"help": "MASC (beyond the paper): weight of a KL holding the other tokens' distribution at start."},
     )
 

@@ -118,8 +118,9 @@ def check_masc(config: Any) -> None:
         raise ValueError(f"masc_k must be at least 1, got {config.masc_k}.")
     if config.masc_eta <= 0:
         raise ValueError(f"masc_eta must be positive, got {config.masc_eta}.")
-    if not config.masc_rival_kl >= 0 or config.masc_rival_kl == float("inf"):  # NaN fails the first test
-        raise ValueError(f"masc_rival_kl must be a finite number >= 0 (0 turns it off), got {config.masc_rival_kl}.")
+    weight = config.masc_rival_kl
+    if weight is not None and (not weight >= 0 or weight == float("inf")):  # NaN fails the first test
+        raise ValueError(f"masc_rival_kl must be a finite number >= 0 (0 turns it off) or None, got {weight}.")
     threshold_from_probability(config.masc_rho)  # validates rho
 
 
