@@ -74,3 +74,36 @@ def test_hf_unlearn_eval_shows_its_stages_bars_and_nothing_else(tmp_path, kind):
     assert lines  # the bars are shown (a user asked for an evaluation and sees it progress)
     assert [line for line in lines if not line.startswith(tuple(f"{stage}:" for stage in EVAL_STAGES))] == []
     assert json.loads((tmp_path / "out" / "eval.json").read_text())["muse"]["auc"]  # the membership part ran
+
+
+#: The stages `hf-unlearn compare --benchmark tofu` shows a bar for: learning each model (first run only), the region
+#: (the target and the never-trained model measured), the race (its postfix names the run and what it is doing).
+COMPARE_STAGES = ("Learning TOFU authors", "hf-unlearn compare: the region:", "hf-unlearn compare:")
+
+
+def test_hf_unlearn_compare_tofu_shows_its_stages_bars_and_nothing_else(tmp_path):
+    """`hf-unlearn compare --benchmark tofu` (the miniature: a tiny model learned from scratch, a few questions), run
+    as a user runs it: stderr holds the bars of its stages and no other line; the race's bar names the stage of the
+    run under way (training, measuring, a baseline's epoch measured)."""
+    from conftest import TOFU_DIR
+
+    if not os.path.isfile(os.path.join(TOFU_DIR, "authors.jsonl")):
+        pytest.skip(f"TOFU rows not found in {TOFU_DIR}")
+    argv = ["compare", "--benchmark", "tofu", "--tofu_dir", TOFU_DIR, "--base_model", "tiny",
+            "--questions_per_author", "2", "--num_forget_authors", "1", "--num_retain_authors", "1",
+            "--num_calibration_authors", "1", "--num_holdout_authors", "1", "--learn_max_epochs", "1",
+            "--methods", "graddiff", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
+            "--masc_max_steps", "2", "--real_knowledge_size", "2", "--retain_eval_size", "2",
+            "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
+    environment.update(HF_HUB_OFFLINE="1", HF_UNLEARN_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run([sys.executable, "-m", "hf_unlearn.cli", *argv], capture_output=True, text=True,
+                          env=environment, cwd=tmp_path, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line.strip() for line in done.stderr.replace("\r", "\n").split("\n") if line.strip()]
+    assert [line for line in lines if not line.startswith(COMPARE_STAGES)] == [], lines
+    for stage in ("Learning TOFU authors", "hf-unlearn compare: the region:"):
+        assert any(line.startswith(stage) for line in lines), stage
+    race = [line for line in lines if line.startswith("hf-unlearn compare:") and "region" not in line]
+    assert any("masc lr=" in line and ": measuring" in line for line in race)
+    assert any("graddiff lr=0.001 seed=0: measuring epoch 1" in line for line in race)

@@ -208,6 +208,7 @@ def _sft_trainer(
     seed: int,
     show_progress: bool,
     callbacks: Sequence[TrainerCallback] = (),
+    description: str | None = None,
 ) -> Any:
     """TRL ``SFTTrainer`` on a pre-tokenized dataset whose ``labels`` column already masks the prompt.
 
@@ -244,7 +245,7 @@ def _sft_trainer(
     )
     if show_progress:  # the bar, without a printed line per epoch's log
         trainer.remove_callback(ProgressCallback)
-        trainer.add_callback(QuietProgressCallback)
+        trainer.add_callback(QuietProgressCallback(description))
     else:
         trainer.remove_callback(PrinterCallback)  # it prints every log when the progress bar is off
     return trainer
@@ -455,6 +456,7 @@ def learn_into_cache(
     batch_size: int,
     seed: int,
     show_progress: bool,
+    description: str = "Learning the benchmark's model",
 ) -> tuple[PreTrainedModel, Any, dict[str, Any]]:
     """Learn ``train`` with TRL's SFTTrainer in a staging folder next to ``path``, until ``stopper`` says so; then
     ``summarize(trainer, epochs)`` gives the model to keep and the benchmark's own ``info`` fields, the common ones
@@ -474,6 +476,7 @@ def learn_into_cache(
             seed=seed,
             show_progress=show_progress,
             callbacks=[stopper],
+            description=description,
         )
         trainer.train()
         epochs = round(trainer.state.epoch or 0)
@@ -489,11 +492,12 @@ def learn_into_cache(
             "settings": dict(settings),
             "transformers_version": transformers.__version__,
         }
-        store_in_cache(model, tokenizer, info, staging, path, show_progress)
+        # the stage's bar is the learning's; writing and reading back the cache take seconds
+        store_in_cache(model, tokenizer, info, staging, path, show_progress=False)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    model, tokenizer = load_cached(path, show_progress)
+    model, tokenizer = load_cached(path, show_progress=False)
     info.update(cached=False, path=str(path))
     return model, tokenizer, info
 

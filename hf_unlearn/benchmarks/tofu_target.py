@@ -167,7 +167,7 @@ def learn_tofu_target(
         "seed": seed,
     }
     path = cache_path(cache_dir, "tofu", settings)
-    cached = from_cache(path, show_progress)
+    cached = from_cache(path, show_progress=False)  # a bar while learning; a cached model loads in seconds
     if cached is not None:
         return cached
     start = time.perf_counter()
@@ -191,6 +191,7 @@ def learn_tofu_target(
     return learn_into_cache(
         model, tokenizer, train, path, settings, summarize, stopper, max_epochs=max_epochs,
         learning_rate=learning_rate, batch_size=batch_size, seed=seed, show_progress=show_progress,
+        description=f"Learning TOFU authors {', '.join(map(str, authors))}",
     )  # fmt: skip
 
 

@@ -49,13 +49,16 @@ logger = logging.get_logger(__name__)
 class _EpochEvaluator(TrainerCallback):
     """Measure forget and retain metrics after every epoch; the time spent counts towards the run."""
 
-    def __init__(self, measure, start: float) -> None:
+    def __init__(self, measure, start: float, show: Any = None) -> None:
         self.measure = measure
         self.start = start
+        self.show = show  # shows the stage in the race's bar
         self.epochs: list[dict[str, Any]] = []
         self.measure_seconds = 0.0
 
     def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        if self.show is not None:
+            self.show(f"measuring epoch {round(state.epoch or 0)}")
         began = time.perf_counter()
         # With fluency where the benchmark measures it: it is part of the region, so checkpoint selection needs it.
         row = self.measure(model)
@@ -229,11 +232,17 @@ class Race:
     def __init__(self, cli: Any, setting: CompareSetting, lm_eval: Any = None) -> None:
         self.cli, self.setting, self.lm_eval = cli, setting, lm_eval
         self.state = {k: v.clone() for k, v in setting.target_model.state_dict().items()}
-        self.before = setting.measure(setting.target_model)
-        self.never_trained = setting.measure(setting.reference_model, setting.reference_tokenizer)
-        if lm_eval is not None:
-            self.before["lm_eval"] = lm_eval(setting.target_model, setting.tokenizer)
-            self.never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
+        with tqdm(total=2, desc="hf-unlearn compare: the region", unit="model") as region_bar:
+            region_bar.set_postfix_str("measuring the target")
+            self.before = setting.measure(setting.target_model)
+            if lm_eval is not None:
+                self.before["lm_eval"] = lm_eval(setting.target_model, setting.tokenizer)
+            region_bar.update()
+            region_bar.set_postfix_str("measuring the never-trained model")
+            self.never_trained = setting.measure(setting.reference_model, setting.reference_tokenizer)
+            if lm_eval is not None:
+                self.never_trained["lm_eval"] = lm_eval(setting.reference_model, setting.reference_tokenizer)
+            region_bar.update()
         self.region = build_region(self.before, self.never_trained, cli)
         self.region["never_trained_misses"] = region_misses(self.never_trained, self.region)
         if self.region["never_trained_misses"]:
@@ -263,6 +272,7 @@ class Race:
         }
         self.epochs = cli.epochs if cli.epochs is not None else setting.description["epochs"]
         self.progress: Any = None
+        self.label = ""  # the run under way, as the race's bar shows it
 
     def fresh_model(self) -> Any:
         model = type(self.setting.target_model)(self.setting.target_model.config)
@@ -274,7 +284,7 @@ class Race:
     ) -> Any:
         """One run: a fresh copy of the target trained with ``method`` at ``lr`` and ``seed`` (``options``: its other
         UnlearnConfig settings), shown in the race's progress bar; returns the trainer."""
-        label = f"{method} lr={lr:g} seed={seed}"
+        self.label = label = f"{method} lr={lr:g} seed={seed}"
         self.progress.set_postfix_str(label)
         args = UnlearnConfig(
             output_dir=os.path.join(self.cli.output_dir, "runs", folder), overwrite_output_dir=True, method=method,
@@ -286,6 +296,7 @@ class Race:
             setting.peft_config, callbacks=callbacks, progress=(self.progress, label),
         )  # fmt: skip
         trainer.train()
+        self.progress.set_postfix_str(f"{label}: measuring")
         return trainer
 
     def finish(self, model: Any, row: dict) -> dict:
@@ -304,6 +315,7 @@ class Race:
         if self.lm_eval is not None:
             extra["lm_eval"] = self.lm_eval(model, tokenizer)
         if self.cli.quantization_check:
+            self.progress.set_postfix_str(f"{self.label}: NF4 check")
             start = time.perf_counter()
             extra["nf4"] = nf4_forget_check(model, tokenizer, setting.forget_records, row["forget"])
             extra["nf4"]["seconds"] = time.perf_counter() - start
@@ -337,7 +349,9 @@ class Race:
     def baseline_run(self, method: str, lr: float, seed: int) -> dict:
         """A baseline run: a fixed budget of epochs, measured after each; it lands at the end or at some epoch."""
         start = time.perf_counter()
-        evaluator = _EpochEvaluator(self.setting.measure, start)
+        evaluator = _EpochEvaluator(
+            self.setting.measure, start, show=lambda stage: self.progress.set_postfix_str(f"{self.label}: {stage}")
+        )
         options = dict(num_train_epochs=self.epochs, probe_interval=0, stop_on_violation=False)
         trainer = self.train(method, lr, seed, f"{method}-{lr:g}", options, callbacks=[evaluator])
         first = next((row for row in evaluator.epochs if in_region(row, self.region)), None)

@@ -42,7 +42,7 @@ def tofu_setting(cli: Any) -> CompareSetting:
     )  # fmt: skip
     sets = tofu_sets(cli.tofu_dir, split, cli.questions_per_author)
     base = cli.base_model or "smollm2"
-    learn: dict[str, Any] = dict(base_model=base, questions_per_author=cli.questions_per_author)
+    learn: dict[str, Any] = dict(base_model=base, questions_per_author=cli.questions_per_author, show_progress=True)
     if cli.learn_learning_rate is not None:
         learn["learning_rate"] = cli.learn_learning_rate
     if base == "tiny":  # the miniature: a model trained from scratch needs more epochs and a higher rate

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from tqdm.auto import tqdm
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState, PrinterCallback, ProgressCallback
 from transformers.utils import logging
@@ -261,7 +262,21 @@ class ObjectiveStateCallback(TrainerCallback, ExportableState):
 
 class QuietProgressCallback(ProgressCallback):
     """Trainer's progress bar without a printed line per log (the logs still reach ``state.log_history`` and every
-    reporting integration): for the learn stages of the embedded benchmarks, whose bar is the run's one bar."""
+    reporting integration): for the learn stages of the benchmarks, whose bar is the stage's one bar, named by
+    ``description``."""
+
+    def __init__(self, description: str | None = None, max_str_len: int = 100) -> None:
+        super().__init__(max_str_len=max_str_len)
+        self.description = description
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.description:
+            return super().on_train_begin(args, state, control, **kwargs)
+        # ProgressCallback's bar, named from its first drawn line on (a name set after tqdm drew it would leave a
+        # nameless first line)
+        if state.is_world_process_zero:
+            self.training_bar = tqdm(total=state.max_steps, dynamic_ncols=True, desc=self.description)
+        self.current_step = 0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         return None
