@@ -1,10 +1,11 @@
 """What a measurement of a pretrained model costs, part by part, against the plain-transformers floor of the same work.
 
     OMP_NUM_THREADS=1 python benchmarks/eval_cost.py --tofu-dir ../shared/tofu [--quick] [--skip-nf4]
-        [--only eval|compare|options]
+        [--only eval|compare|options] [--model FOLDER [--adapter FOLDER]]
 
-Two measurements of SmolLM2-135M-Instruct as shipped (:func:`hf_unlearn.benchmarks.pretrained.load_smollm2`; the
-cost does not depend on whether the model was fine-tuned, so nothing is learned here) on TOFU's real rows, split as
+Two measurements of SmolLM2-135M-Instruct as shipped (:func:`hf_unlearn.benchmarks.pretrained.load_smollm2`; nothing
+is learned here, and the chat model writes to its token budget on every question, the worst case for generation) or of
+the model in ``--model`` (a cached TOFU target answers and stops, as a study's models do) on TOFU's real rows, split as
 ``hf-unlearn compare --benchmark tofu --num_retain_authors 1 --real_knowledge_size 25`` splits them (40 forget, 20
 retain, 40 holdout questions, 25 questions of each real-knowledge set):
 
@@ -463,15 +464,36 @@ def measure_options(model: Any, tokenizer: Any, data: dict[str, Any], meters: li
     print_table("options scored after their question", rows, total)
 
 
+def load_model(folder: str | None, adapter: str | None) -> tuple[Any, Any]:
+    """SmolLM2 as shipped, or the model in ``folder`` (float32) with the LoRA ``adapter`` on it, merged."""
+    if folder is None:
+        return load_smollm2()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tofu-dir", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "tofu"))
     parser.add_argument("--quick", action="store_true", help="5 questions per author and per real-knowledge set")
     parser.add_argument("--skip-nf4", action="store_true")
     parser.add_argument("--only", choices=("eval", "compare", "options"), default=None)
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a model folder to measure instead of SmolLM2 as shipped (e.g. a cached TOFU target: a fine-tuned model "
+        "answers and stops, so its generation costs what a study's does), with --adapter a LoRA output on it",
+    )
+    parser.add_argument("--adapter", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model, tokenizer = load_smollm2()
+    model, tokenizer = load_model(args.model, args.adapter)
     model.eval()
     data = load_data(args.tofu_dir, args.quick)
     meters = [ForwardMeter(model)]
