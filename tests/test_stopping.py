@@ -104,8 +104,13 @@ def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_
         calibration_dataset=NEVER_SEEN,
     )
     trainer.train()
-    assert trainer.record.stop_kind == "budget"
-    assert min(h["calibration_gap"] for h in trainer.record.probe_history) > 0.5
+    record = trainer.record
+    assert record.stop_kind == "budget"
+    assert min(h["calibration_gap"] for h in record.probe_history) > 0.5
+    # the reason quotes the statistic the rule compared with its target (the gap), not the violation rate alone
+    last = record.probe_history[-1]
+    assert f"last calibration gap {last['calibration_gap']:.3f} logits" in record.stop_reason
+    assert record.stop_reason.endswith(f"target {last['stop_threshold']:.3f})")
 
 
 def test_calibration_target_without_calibration_data_is_named(tmp_path):

@@ -129,7 +129,13 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
     if kind == "budget":
         if args.stop_on_violation and args.probe_interval > 0:
             rate = stopping.last_violation_rate
-            measured = "never probed" if rate is None else f"last violation rate {rate:.3f}"
+            if rate is None:
+                measured = "never probed"
+            elif stopping.target == "calibration" and "calibration_gap" in last:
+                # the statistic the rule compares with its target: the gap, in logits, not the violation rate
+                measured = f"last calibration gap {last['calibration_gap']:.3f} logits, violation rate {rate:.3f}"
+            else:
+                measured = f"last violation rate {rate:.3f}"
             threshold = last.get("stop_threshold")
             target = "" if threshold is None else f", target {threshold:.3f}"
             return (
