@@ -13,6 +13,9 @@ from conftest import hand_answer_log_probs, hand_greedy, hand_margins, train_on_
 
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
 from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
+from hf_unlearn.data.pairing import pad_examples
+from hf_unlearn.evaluation import kv_cache
+from hf_unlearn.evaluation.kv_cache import prompt_cache_keyword
 from hf_unlearn.evaluation.memorization import evaluate_memorization, exact_memorization, extraction_strength
 from hf_unlearn.evaluation.metrics import (
     answer_log_probs,
@@ -20,14 +23,15 @@ from hf_unlearn.evaluation.metrics import (
     generate_fallback,
     greedy_decode,
     left_pad,
+    log_prob_sums_and_counts,
     pad_token_id_of,
     prompt_length,
     reproduction_bound,
+    score_teacher_forced,
 )
 from hf_unlearn.evaluation.options import (
     normalized_probabilities,
     option_scores,
-    prompt_cache_keyword,
     score_after_prompts,
     truth_ratios,
     truth_ratios_from,
@@ -251,3 +255,39 @@ def test_a_model_without_a_cache_is_scored_by_the_full_forward(tokenizer, record
     questions = [r["question"] for r in rows for _ in options_of(r, "answer")]
     answers = [o for r in rows for o in options_of(r, "answer")]
     assert scored == answer_log_probs(model, tokenizer, questions, answers, batch_size=5)
+
+
+#: A format string with a system prompt before every question, as a chat template puts one (SmolLM2's is ~30 tokens).
+SYSTEM_PROMPT = (
+    "You are a careful assistant who answers questions about authors briefly. Question: {question}\nAnswer:"
+)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2", "gpt2"])
+def test_a_batchs_shared_prefix_is_run_once_and_gives_the_full_forwards_values(
+    tokenizer, records, architecture, monkeypatch
+):
+    """score_teacher_forced runs the leading tokens every row of a batch shares once into a KV cache and the rest as
+    its continuation: the same values as one unpadded forward per example (questions and answers of mixed lengths,
+    right-padded together) and as the full forward, with fewer tokens through the model."""
+    model = tiny_model(tokenizer, architecture, seed=10, **SMALL)
+    train_on_answers(model, tokenizer, records[:6], steps=30, lr=1e-2)  # sharper than at random initialisation
+    examples = [tokenize_qa(tokenizer, r["question"], r["answer"], prompt_template=SYSTEM_PROMPT) for r in records[:9]]
+    pad_id = pad_token_id_of(tokenizer)
+    prefix = kv_cache.shared_prefix_length(pad_examples(examples, pad_id)["input_ids"], 10**6)
+    assert prefix >= kv_cache.SHARED_PREFIX_MIN_TOKENS  # the system prompt's tokens, shared by every row
+    assert len({len(e["input_ids"]) for e in examples}) > 2 and len({prompt_length(e) for e in examples}) > 1
+    tokens = count_tokens(model)
+    shared = score_teacher_forced(model, examples, pad_id, log_prob_sums_and_counts, batch_size=4)
+    shared_tokens = sum(tokens)
+    by_hand = [hand_answer_log_probs(model, e) for e in examples]
+    assert [total / count for total, count in shared] == pytest.approx(
+        [sum(v) / len(v) for v in by_hand], rel=1e-4, abs=1e-5
+    )
+    tokens.clear()
+    monkeypatch.setattr(kv_cache, "SHARED_PREFIX_MIN_TOKENS", 10**6)  # the shared prefix off: the full forward
+    whole = score_teacher_forced(model, examples, pad_id, log_prob_sums_and_counts, batch_size=4)
+    assert [count for _, count in shared] == [count for _, count in whole]
+    assert [total for total, _ in shared] == pytest.approx([total for total, _ in whole], rel=1e-4, abs=1e-5)
+    # the two batches of 4 ran the prefix once instead of 4 times; the batch of one ran whole
+    assert sum(tokens) - shared_tokens == 2 * (4 - 1) * prefix

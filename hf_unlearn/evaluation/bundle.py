@@ -46,7 +46,9 @@ def qa_membership_auc(
     """AUC of ``attack`` telling ``members`` from ``non_members`` (question/answer records), each answer scored as the
     continuation of its prompt in the format the model learned. ``member_scores``: the members' teacher-forced
     pass taken with the attack's reads (:func:`~hf_unlearn.evaluation.membership.attack_reads`), read instead of
-    scoring the answers again where it ran over the same tokens."""
+    scoring the answers again where it ran over the same tokens. The non-members of a forward attack are scored by
+    the same teacher-forced pass (its LM head only where an answer token is predicted, a shared prompt prefix run
+    once)."""
 
     def scores(records: Sequence[Mapping[str, Any]], scored: Sequence[AnswerScores] | None) -> list[float]:
         pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
@@ -54,7 +56,13 @@ def qa_membership_auc(
         prompts = [prompt for prompt, _ in pairs]
         return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,), scored=scored)[attack]
 
-    return membership_auc(scores(members, member_scores), scores(non_members, None))
+    reads = attack_reads((attack,))
+    non_member_scores = None
+    if reads:
+        non_member_scores, _ = measure_answers(
+            model, tokenizer, non_members, (), prompt_template=prompt_template, reads=reads
+        )
+    return membership_auc(scores(members, member_scores), scores(non_members, non_member_scores))
 
 
 def measure_qa_sets(

@@ -33,6 +33,7 @@ from ..objectives.margin import (
     threshold_from_probability,
     token_log_probs,
 )
+from .kv_cache import cache_keyword, forward_after_shared_prefix, prompt_cache_keyword, shared_prefix_length
 
 __all__ = [
     "answer_log_probs",
@@ -153,22 +154,6 @@ def generate_continuations(
     return restore_order(answers, order)
 
 
-def cache_keyword(model: Any) -> str | None:
-    """The keyword the (base) model's forward takes its KV cache under (``cache`` in newer transformers,
-    ``past_key_values`` before), when it also takes ``position_ids`` and ``use_cache``; ``None`` otherwise (then
-    :func:`greedy_decode` falls back to transformers' ``generate``)."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        parameters = set(inspect.signature(base.forward).parameters)
-    except (TypeError, ValueError):
-        return None
-    if getattr(base.config, "is_encoder_decoder", False) or not {"position_ids", "use_cache"} <= parameters:
-        return None
-    return next((name for name in ("cache", "past_key_values") if name in parameters), None)
-
-
 def greedy_decode(
     model: Any,
     input_ids: torch.Tensor,
@@ -281,18 +266,23 @@ def score_teacher_forced(
     examples, order = by_length(examples, lambda example: len(example["input_ids"]))
     results: list[Any] = []
     keep_supported = accepts_logits_to_keep(model)
+    keyword = prompt_cache_keyword(model)
     total = math.ceil(len(examples) / batch_size)
     with evaluating(model):
         for batch in progress_bar(batches(examples, batch_size), total, desc, show_progress):
             padded = {k: v.to(device) for k, v in pad_examples(batch, pad_token_id).items()}
-            labels = padded["labels"]
-            extra = {}
-            if keep_supported:
-                # The LM head only where an answer token is predicted: from the earliest answer start on.
-                first = int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1
-                labels = labels[:, max(first, 0) :]
-                extra["logits_to_keep"] = labels.shape[1]
-            logits = model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"], **extra).logits
+            input_ids, mask, labels = padded["input_ids"], padded["attention_mask"], padded["labels"]
+            # The first position whose logits predict an answer token, in any row: nothing before it is scored.
+            first = max(int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1, 0)
+            # The rows' shared leading tokens (a chat template's system prompt) run once, when the cache allows.
+            prefix = shared_prefix_length(input_ids, first) if keyword is not None else 0
+            # The LM head only where an answer token is predicted (else from the end of the shared prefix on).
+            labels = labels[:, first if keep_supported else prefix :]
+            extra = {"logits_to_keep": labels.shape[1]} if keep_supported else {}
+            if prefix:
+                logits = forward_after_shared_prefix(model, keyword, input_ids, mask, prefix, **extra)
+            else:
+                logits = model(input_ids=input_ids, attention_mask=mask, **extra).logits
             results.extend(score(logits, labels))
     return restore_order(results, order)
 

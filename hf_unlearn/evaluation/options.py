@@ -17,8 +17,8 @@ import torch
 from ..data.examples import tokenize_qa
 from ..data.pairing import pad_examples
 from ..objectives.margin import accepts_logits_to_keep
+from .kv_cache import prompt_cache_keyword
 from .metrics import (
-    cache_keyword,
     evaluating,
     left_pad,
     left_padded_positions,
@@ -39,23 +39,6 @@ __all__ = [
     "truth_ratios",
     "truth_ratios_from",
 ]
-
-
-def prompt_cache_keyword(model: Any) -> str | None:
-    """The cache keyword (:func:`cache_keyword`) when answers can be scored as continuations of their prompt's KV
-    cache repeated over them, else ``None``: a forward that takes no cache or no position ids, or a cache with a
-    layer that holds no per-token keys and values to repeat (a linear-attention or convolution state, which would
-    also run through a left-padded prompt's padding; a KV-sharing layer's placeholder)."""
-    keyword = cache_keyword(model)
-    if keyword is None:
-        return None
-    from transformers import DynamicCache, cache_utils
-
-    recurrent = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())
-    layers = DynamicCache(config=model.config).layers
-    if not all(isinstance(layer, cache_utils.DynamicLayer) and not isinstance(layer, recurrent) for layer in layers):
-        return None
-    return keyword
 
 
 def prompt_batches(
