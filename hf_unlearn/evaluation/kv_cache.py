@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..objectives.margin import accepts_logits_to_keep
+
 #: A batch's shared leading tokens are run once only when they are at least this many (below, the extra forward
 #: call costs more than it saves).
 SHARED_PREFIX_MIN_TOKENS = 8
@@ -62,31 +64,63 @@ def shared_prefix_length(input_ids: torch.Tensor, limit: int) -> int:
     return length if length >= SHARED_PREFIX_MIN_TOKENS else 0
 
 
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids of a left-padded batch: 0 at each row's first token (and on its padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
+
+def forward_after_prompts(
+    model: Any,
+    keyword: str,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    rows: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    **extra: Any,
+) -> torch.Tensor:
+    """The logits of right-padded ``input_ids`` (B, T), row ``i`` the continuation of the left-padded prompt
+    ``prompt_ids[rows[i]]``: the prompts run once into a ``DynamicCache``, the cache repeated over the rows
+    (``reorder_cache``, beam search's own), the continuations run at the positions after their own prompt's tokens
+    (absolute position embeddings, GPT-2's, and rotary ones, Llama's and Qwen2's, then see the positions of the full
+    sequence). ``extra``: the continuation forward's other keywords (``logits_to_keep``)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    keep_one = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
+    model(
+        input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=left_padded_positions(prompt_mask),
+        use_cache=True, **{keyword: cache}, **keep_one,
+    )  # fmt: skip
+    cache.reorder_cache(rows)
+    start = prompt_mask.sum(dim=-1)[rows]
+    positions = start[:, None] + torch.arange(input_ids.shape[1], device=input_ids.device)
+    return model(
+        input_ids=input_ids, attention_mask=torch.cat([prompt_mask[rows], attention_mask], dim=-1),
+        position_ids=positions, use_cache=True, **{keyword: cache}, **extra,
+    ).logits  # fmt: skip
+
+
 def forward_after_shared_prefix(
     model: Any, keyword: str, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int, **extra: Any
 ) -> torch.Tensor:
     """The logits of right-padded ``input_ids`` (B, T) whose first ``prefix`` tokens are the same in every row (and
-    not padding), for the positions from ``prefix`` on (fewer with ``logits_to_keep`` in ``extra``): the prefix run
-    once (one row) into a ``DynamicCache``, the cache repeated over the rows, the rest run as its continuation at
-    positions ``prefix, prefix + 1, ...`` (what the full forward gives right-padded rows)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    keep_one = {"logits_to_keep": 1} if "logits_to_keep" in extra else {}
-    model(input_ids=input_ids[:1, :prefix], use_cache=True, **{keyword: cache}, **keep_one)
-    rows = input_ids.shape[0]
-    cache.reorder_cache(torch.zeros(rows, dtype=torch.long, device=input_ids.device))
-    positions = torch.arange(prefix, input_ids.shape[1], device=input_ids.device).expand(rows, -1)
-    return model(
-        input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions, use_cache=True,
-        **{keyword: cache}, **extra,
-    ).logits  # fmt: skip
+    not padding), for the positions from ``prefix`` on (fewer with ``logits_to_keep`` in ``extra``): the prefix is
+    the one prompt of :func:`forward_after_prompts`, every row's remaining tokens its continuation."""
+    shared = input_ids[:1, :prefix]
+    rows = torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+    return forward_after_prompts(
+        model, keyword, shared, attention_mask[:1, :prefix], rows, input_ids[:, prefix:], attention_mask[:, prefix:],
+        **extra,
+    )  # fmt: skip
 
 
 __all__ = [
     "SHARED_PREFIX_MIN_TOKENS",
     "cache_keyword",
+    "forward_after_prompts",
     "forward_after_shared_prefix",
+    "left_padded_positions",
     "prompt_cache_keyword",
     "shared_prefix_length",
 ]

@@ -33,7 +33,13 @@ from ..objectives.margin import (
     threshold_from_probability,
     token_log_probs,
 )
-from .kv_cache import cache_keyword, forward_after_shared_prefix, prompt_cache_keyword, shared_prefix_length
+from .kv_cache import (
+    cache_keyword,
+    forward_after_shared_prefix,
+    left_padded_positions,
+    prompt_cache_keyword,
+    shared_prefix_length,
+)
 
 __all__ = [
     "answer_log_probs",
@@ -310,11 +316,6 @@ def prompt_length(example: Mapping[str, Any]) -> int:
     """The number of leading tokens of a tokenized example whose label is ``-100``: its prompt."""
     labels = example["labels"]
     return next((t for t, label in enumerate(labels) if label != IGNORE_INDEX), len(labels))
-
-
-def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids of a left-padded batch: 0 at each row's first token (and on its padding)."""
-    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
 
 
 def answer_log_probs(

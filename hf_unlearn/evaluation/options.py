@@ -16,12 +16,10 @@ import torch
 
 from ..data.examples import tokenize_qa
 from ..data.pairing import pad_examples
-from ..objectives.margin import accepts_logits_to_keep
-from .kv_cache import prompt_cache_keyword
+from .kv_cache import forward_after_prompts, prompt_cache_keyword
 from .metrics import (
     evaluating,
     left_pad,
-    left_padded_positions,
     log_prob_sums_and_counts,
     model_device,
     pad_token_id_of,
@@ -119,28 +117,14 @@ def score_continuations(
     """:func:`log_prob_sums_and_counts` of ``answers`` (``input_ids`` from each prompt's last token on, ``labels``
     ``-100`` on it), the first ``counts[0]`` after ``prompts[0]``, the next ``counts[1]`` after ``prompts[1]``, ...:
     the prompts but their last token run once into a KV cache, which is repeated over their answers."""
-    from transformers import DynamicCache
-
     device = model_device(model)
     prefix = {k: v.to(device) for k, v in left_pad([prompt[:-1] for prompt in prompts], pad_token_id).items()}
-    prefix_mask = prefix["attention_mask"]
-    cache = DynamicCache(config=model.config)
-    extra = {"logits_to_keep": 1} if accepts_logits_to_keep(model) else {}
-    model(
-        input_ids=prefix["input_ids"], attention_mask=prefix_mask, position_ids=left_padded_positions(prefix_mask),
-        use_cache=True, **{keyword: cache}, **extra,
-    )  # fmt: skip
     rows = torch.repeat_interleave(torch.arange(len(prompts), device=device), torch.tensor(counts, device=device))
-    cache.reorder_cache(rows)
     padded = {k: v.to(device) for k, v in pad_examples(answers, pad_token_id).items()}
-    # Every answer continues at the position after its own prompt's tokens: absolute position embeddings (GPT-2)
-    # and rotary ones (Llama, Qwen2) then see the positions of the full (prompt + answer) sequence.
-    start = prefix_mask.sum(dim=-1)[rows]
-    positions = start[:, None] + torch.arange(padded["input_ids"].shape[1], device=device)
-    logits = model(
-        input_ids=padded["input_ids"], attention_mask=torch.cat([prefix_mask[rows], padded["attention_mask"]], dim=-1),
-        position_ids=positions, use_cache=True, **{keyword: cache},
-    ).logits  # fmt: skip
+    logits = forward_after_prompts(
+        model, keyword, prefix["input_ids"], prefix["attention_mask"], rows, padded["input_ids"],
+        padded["attention_mask"],
+    )  # fmt: skip
     return log_prob_sums_and_counts(logits, padded["labels"])
 
 
