@@ -23,15 +23,19 @@ import time
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 
+from hf_unlearn import build_qa_dataset
 from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.data.examples import tokenize_qa
+from hf_unlearn.evaluation.bundle import qa_membership_auc
 from hf_unlearn.evaluation.fluency import fluent_like
 from hf_unlearn.evaluation.membership import min_k_count
 from hf_unlearn.jobs.compare import build_region, in_region, parse_overrides, region_misses
 from hf_unlearn.jobs.compare_setups import tofu_setting
 from hf_unlearn.jobs.models import build_trainer
 from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
+from hf_unlearn.training.callbacks import ViolationStoppingCallback
 from hf_unlearn.training.config import UnlearnConfig
 
 FUNCTION_WORDS = set(
@@ -142,6 +146,28 @@ def rivals(rows: list[dict], kind: str = "end", top: int = 5) -> list[tuple[str,
     return [(t, v, c) for (t, v), c in sorted(counts.items(), key=lambda item: -item[1])[:top]]
 
 
+class MembershipTrajectory(TrainerCallback):
+    """Every ``every`` optimizer steps, the membership AUC the region reads (Min-K%, the forget answers against the
+    holdout authors'), with the stopping rule's last probe beside it: which stop statistic tracks the attack."""
+
+    def __init__(self, tokenizer: Any, forget: list[dict], holdout: list[dict], every: int) -> None:
+        self.tokenizer, self.forget, self.holdout, self.every = tokenizer, forget, holdout, every
+        self.rows: list[dict[str, float]] = []
+        self.stopping: Any = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if self.every <= 0 or state.global_step % self.every:
+            return
+        was_training = model.training
+        model.eval()
+        auc = qa_membership_auc(model, self.tokenizer, self.forget, self.holdout)
+        model.train(was_training)
+        last = self.stopping.history[-1] if self.stopping is not None and self.stopping.history else {}
+        keys = ("calibration_gap", "calibration_tail_excess", "calibration_tail")
+        self.rows.append({"step": state.global_step, "membership_auc": auc, **{k: last[k] for k in keys if k in last}})
+        print("trajectory", json.dumps(self.rows[-1]), flush=True)
+
+
 def region_of(setting: Any, cli: CompareArguments, cache: str) -> dict:
     """The target's and the never-trained model's measurements (cached per split), and the region like compare's."""
     if os.path.exists(cache):
@@ -184,24 +210,39 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--author_offset", type=int, default=0)
     parser.add_argument("--num_retain_authors", type=int, default=4)
+    parser.add_argument("--num_calibration_authors", type=int, default=2)
+    parser.add_argument("--num_holdout_authors", type=int, default=2)
     parser.add_argument("--real_knowledge_size", type=int, default=50)
     parser.add_argument("--lora_target_modules", nargs="+", default=None)
     parser.add_argument("--lora_dropout", type=float, default=0.0)
     parser.add_argument("--masc_overrides", nargs="*", default=[])
     parser.add_argument("--region_cache", default=None)
+    parser.add_argument(
+        "--calibration_from", choices=("calibration", "holdout"), default="calibration",
+        help="The stop's never-seen reference: the calibration authors (the method), or the membership attack's own "
+        "holdout authors (a diagnostic: is a miss the stop statistic's or its reference set's?).",
+    )  # fmt: skip
+    parser.add_argument("--auc_every", type=int, default=50, help="Membership AUC every this many steps (0: off).")
     parser.add_argument("--no_train", action="store_true", help="Only the region and the target's token table.")
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
     cli = CompareArguments(
         benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[args.seed],
-        num_retain_authors=args.num_retain_authors, real_knowledge_size=args.real_knowledge_size,
+        num_retain_authors=args.num_retain_authors, num_calibration_authors=args.num_calibration_authors,
+        num_holdout_authors=args.num_holdout_authors, real_knowledge_size=args.real_knowledge_size,
         lora_dropout=args.lora_dropout,
         **({"lora_target_modules": args.lora_target_modules} if args.lora_target_modules else {}),
     )  # fmt: skip
     setting = tofu_setting(cli)
+    # the default roles keep the earlier sessions' cache names
+    roles = (
+        ""
+        if (args.num_calibration_authors, args.num_holdout_authors) == (2, 2)
+        else (f"-cal{args.num_calibration_authors}-holdout{args.num_holdout_authors}")
+    )
     cache = args.region_cache or os.path.join(
         os.path.dirname(os.path.abspath(args.output_dir)),
-        f"region-offset{args.author_offset}-retain{args.num_retain_authors}-rk{args.real_knowledge_size}.json",
+        f"region-offset{args.author_offset}-retain{args.num_retain_authors}-rk{args.real_knowledge_size}{roles}.json",
     )
     region = region_of(setting, cli, cache)
     tokenizer = setting.tokenizer
@@ -221,9 +262,17 @@ def main() -> None:
         )  # fmt: skip
         model = type(setting.target_model)(setting.target_model.config)
         model.load_state_dict(setting.target_model.state_dict())
+        calibration = setting.calibration
+        if args.calibration_from == "holdout":
+            calibration = build_qa_dataset(setting.holdout_records, tokenizer)
         trainer = build_trainer(
-            model, tokenizer, config, setting.forget, setting.retain, setting.calibration, setting.peft_config
+            model, tokenizer, config, setting.forget, setting.retain, calibration, setting.peft_config
         )
+        trajectory = MembershipTrajectory(tokenizer, forget, never_seen, args.auc_every)
+        trajectory.stopping = next(
+            (c for c in trainer.callback_handler.callbacks if isinstance(c, ViolationStoppingCallback)), None
+        )
+        trainer.add_callback(trajectory)
         start = time.perf_counter()
         trainer.train()
         record = trainer.record
@@ -237,6 +286,7 @@ def main() -> None:
             "probe_seconds": record.probe_seconds,
             "probe_history": record.probe_history,
             "overrides": overrides,
+            "membership_trajectory": trajectory.rows,
         }
         row = setting.measure(model)
         fluency = row["forget"]["fluency"]

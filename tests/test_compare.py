@@ -4,8 +4,12 @@ import json
 
 import pytest
 
+from hf_unlearn.benchmarks import load_split
+from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.cli.main import main
+from hf_unlearn.evaluation.bundle import qa_membership_auc
 from hf_unlearn.jobs.compare import in_region, summarize_runs
+from hf_unlearn.jobs.compare_setups import embedded_setting
 
 REGION = {
     "forget_rouge_l_recall_max": 0.6,
@@ -112,6 +116,19 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
     assert masc_run["landed"] == in_region(masc_run, region)
     assert "| masc |" in (out / "compare.md").read_text()
     assert (out / "compare.png").stat().st_size > 10_000
+    # The stop's never-seen reference read by the never-trained model: forget vs the calibration authors (not the
+    # holdout authors the region's attack uses), recorded with the region and written in compare.md.
+    setting = embedded_setting(CompareArguments(retain_eval_size=20))
+    never, tokenizer = setting.reference_model, setting.reference_tokenizer
+    calibration = list(load_split("calibration"))
+    check = region["calibration_reference"]
+    assert check["forget_vs_calibration_auc"] == pytest.approx(
+        qa_membership_auc(never, tokenizer, list(load_split("forget10")), calibration)
+    )
+    assert check["calibration_vs_holdout_auc"] == pytest.approx(
+        qa_membership_auc(never, tokenizer, calibration, list(load_split("holdout")))
+    )
+    assert f"calibration authors' {check['forget_vs_calibration_auc']:.3f}" in (out / "compare.md").read_text()
 
 
 @pytest.mark.slow

@@ -80,6 +80,9 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
     # the never-trained model is judged against its own region, and the verdict is kept
     assert region["never_trained_misses"] == region_misses(region["never_trained"], region)
     assert region["membership_auc_reference"] == region["never_trained"]["forget"]["membership_auc"]
+    reference = region["calibration_reference"]  # the stop's never-seen authors, read by the never-trained model
+    assert set(reference) == {"forget_vs_calibration_auc", "calibration_vs_holdout_auc"}
+    assert all(0.0 <= value <= 1.0 for value in reference.values())
     assert {"repetitive_share", "reference_nll", "examples"} <= set(region["never_trained"]["forget"]["fluency"])
     for key in ("landed", "time_to_region_seconds", "grid_seconds", "single_run_seconds"):
         assert key in result["methods"]["masc"] and key in result["methods"]["graddiff"]

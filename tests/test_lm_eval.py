@@ -163,7 +163,7 @@ def test_missing_extra_and_unknown_task_are_one_line_before_any_work(
     assert len(error) == 2 and error[1].startswith("(--traceback")  # one message, then the traceback hint
     if problem == "missing extra":
         assert error[0].startswith(f"hf-unlearn {command}: error: lm-evaluation-harness is not installed")
-        assert 'pip install "hf_unlearn[lm_eval]"' in error[0]
+        assert 'pip install "hf_unlearn[lm-eval]"' in error[0]
     else:
         assert error[0].startswith(f"hf-unlearn {command}: error: Unknown lm-eval task 'tofu_real_author'")
         assert "did you mean tofu_real_authors" in error[0]

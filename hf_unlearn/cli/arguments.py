@@ -100,7 +100,7 @@ class LmEvalArguments:
         default_factory=list,
         metadata={
             "help": "lm-evaluation-harness tasks to score the model on (e.g. mmlu, or tofu_real_authors "
-            "tofu_world_facts with --lm_eval_tofu_dir); needs pip install 'hf_unlearn[lm_eval]'. Default: none."
+            "tofu_world_facts with --lm_eval_tofu_dir); needs pip install 'hf_unlearn[lm-eval]'. Default: none."
         },
     )
     lm_eval_include_path: list[str] = field(

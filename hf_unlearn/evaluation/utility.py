@@ -13,7 +13,7 @@ perturbed answers; Maini et al. 2024, arXiv 2401.06121, §2.4). ``tofu_*_hub`` r
 (``locuslab/TOFU``); ``tofu_real_authors`` / ``tofu_world_facts`` from local JSON lines, written with absolute paths
 into a folder by :func:`write_tofu_tasks`.
 
-lm-eval is an optional extra (``pip install "hf_unlearn[lm_eval]"``), imported only inside these functions.
+lm-eval is an optional extra (``pip install "hf_unlearn[lm-eval]"``), imported only inside these functions.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ TASKS_DIR = Path(__file__).parent / "lm_eval_tasks"
 #: The shipped TOFU tasks that read local files (``<name>.jsonl`` of a TOFU folder) and their Hub variants.
 TOFU_TASKS = {"tofu_real_authors": "real_authors.jsonl", "tofu_world_facts": "world_facts.jsonl"}
 TOFU_TEMPLATE = "_tofu_mc_template_yaml"
-INSTALL_HINT = 'pip install "hf_unlearn[lm_eval]" (or pip install "lm-eval[hf]>=0.4.13")'
+INSTALL_HINT = 'pip install "hf_unlearn[lm-eval]" (or pip install "lm-eval[hf]>=0.4.13")'
 
 
 class MissingExtraError(ImportError, RuntimeError):

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from ..evaluation.bundle import measure_qa_sets, real_knowledge_utility
+from ..evaluation.bundle import measure_qa_sets, qa_membership_auc, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
 from ..training.choices import BASELINES
 from ..training.config import UnlearnConfig
@@ -202,6 +202,21 @@ class CompareSetting:
     description: dict[str, Any]
     real_knowledge: dict[str, Any] = field(default_factory=dict)
     measure_fluency: bool = False
+    calibration_records: Any = None
+
+    def reference_check(self) -> dict[str, float] | None:
+        """Whether the calibrated stop aims where the region is: under the never-trained model, the Min-K% AUC of
+        the forget answers against the calibration authors' (0.5: the calibration set, the stop's never-seen
+        reference, reads as familiar as the forget set does to a model that never saw it) and of the calibration
+        against the holdout authors' (the attack's non-members). None without calibration records."""
+        if self.calibration_records is None:
+            return None
+        model, tokenizer = self.reference_model, self.reference_tokenizer
+        calibration = self.calibration_records
+        return {
+            "forget_vs_calibration_auc": qa_membership_auc(model, tokenizer, self.forget_records, calibration),
+            "calibration_vs_holdout_auc": qa_membership_auc(model, tokenizer, calibration, self.holdout_records),
+        }
 
     def measure(self, model: Any, tokenizer: Any = None, with_fluency: bool | None = None) -> dict:
         """Forget/retain metrics with membership (and, on TOFU, real-knowledge utility and the forget answers'
@@ -229,6 +244,22 @@ class Race:
     """One race's shared state: the target's weights, the region (measured once), the settings every run gets, and
     the one run builder both the MASC and the baseline runs go through (:meth:`train`)."""
 
+    def check_reference(self, check: dict[str, float] | None) -> None:
+        """Record :meth:`CompareSetting.reference_check` with the region, and say when the calibration authors read
+        further from the forget authors than the membership tolerance: MASC's calibrated stop ends the forget set
+        near its calibration set, so its membership AUC then lands by chance (docs/studies/masc_landing.md, §6)."""
+        if check is None:
+            return
+        self.region["calibration_reference"] = check
+        off = abs(check["forget_vs_calibration_auc"] - 0.5)
+        if off > self.region["membership_tolerance"]:
+            logger.warning(
+                "hf-unlearn compare: to the never-trained model the calibration authors read "
+                f"{'more' if check['forget_vs_calibration_auc'] > 0.5 else 'less'} familiar than the forget authors "
+                f"(Min-K% AUC {check['forget_vs_calibration_auc']:.3f}, 0.5 = alike): MASC's calibrated stop aims at "
+                "the calibration set, so whether it ends inside the membership region depends on that difference."
+            )
+
     def __init__(self, cli: Any, setting: CompareSetting, lm_eval: Any = None) -> None:
         self.cli, self.setting, self.lm_eval = cli, setting, lm_eval
         self.state = {k: v.clone() for k, v in setting.target_model.state_dict().items()}
@@ -245,6 +276,7 @@ class Race:
             region_bar.update()
         self.region = build_region(self.before, self.never_trained, cli)
         self.region["never_trained_misses"] = region_misses(self.never_trained, self.region)
+        self.check_reference(setting.reference_check())
         if self.region["never_trained_misses"]:
             logger.warning(
                 "hf-unlearn compare: the never-trained model lies outside its own region "

@@ -192,6 +192,20 @@ def plot_compare(result: dict, path: str) -> str:
     return path
 
 
+def reference_text(result: dict) -> str:
+    """The calibrated stop's reference against the region's (:meth:`~hf_unlearn.jobs.compare.Race.check_reference`),
+    in one sentence; "" where it was not measured."""
+    check = result["region"].get("calibration_reference")
+    if not check:
+        return ""
+    return (
+        "MASC's never-seen reference, read by the never-trained model: Min-K% AUC of the forget answers against the "
+        f"calibration authors' {check['forget_vs_calibration_auc']:.3f} (0.5: alike; the calibrated stop ends the "
+        f"forget set near the calibration set), of the calibration against the holdout authors' "
+        f"{check['calibration_vs_holdout_auc']:.3f}."
+    )
+
+
 def write_compare(result: dict, output_dir: str) -> None:
     os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, "compare.json"), "w") as f:
@@ -199,6 +213,8 @@ def write_compare(result: dict, output_dir: str) -> None:
     with open(os.path.join(output_dir, "compare.md"), "w") as f:
         f.write(f"# Methods compared on {result['split']}\n\n{compare_table(result)}\n\n## Every run\n\n")
         f.write(runs_table(result) + "\n")
+        if reference_text(result):
+            f.write("\n" + reference_text(result) + "\n")
         if answers_section(result):
             f.write("\n## Three forget answers of each run\n\n" + answers_section(result) + "\n")
         if lm_eval_table(result):
@@ -213,6 +229,7 @@ __all__ = [
     "lm_eval_table",
     "misses_text",
     "plot_compare",
+    "reference_text",
     "runs_table",
     "write_compare",
 ]

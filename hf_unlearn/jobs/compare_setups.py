@@ -65,6 +65,7 @@ def tofu_setting(cli: Any) -> CompareSetting:
         forget=build_qa_dataset(sets["forget"], tokenizer),
         retain=build_qa_dataset(retain, tokenizer),
         calibration=build_qa_dataset(sets["calibration"], tokenizer) if cli.calibrate else None,
+        calibration_records=sets["calibration"] if cli.calibrate else None,
         forget_records=sets["forget"],
         retain_eval=retain_eval,
         holdout_records=sets["holdout"],
@@ -131,9 +132,8 @@ def embedded_setting(cli: Any) -> CompareSetting:
     forget_records = load_split(cli.split, num_authors=cli.num_authors)
     retain_split = load_split(retain_split_for(cli.split), num_authors=cli.num_authors)
     retain_eval = retain_split.shuffle(seed=0).select(range(min(cli.retain_eval_size, len(retain_split))))
-    calibration = (
-        build_qa_dataset(load_split("calibration", num_authors=cli.num_authors), tokenizer) if cli.calibrate else None
-    )
+    calibration_records = load_split("calibration", num_authors=cli.num_authors) if cli.calibrate else None
+    calibration = build_qa_dataset(calibration_records, tokenizer) if cli.calibrate else None
     return CompareSetting(
         target_model=target_model,
         tokenizer=tokenizer,
@@ -142,6 +142,7 @@ def embedded_setting(cli: Any) -> CompareSetting:
         forget=build_qa_dataset(forget_records, tokenizer),
         retain=build_qa_dataset(retain_split, tokenizer),
         calibration=calibration,
+        calibration_records=calibration_records,
         forget_records=forget_records,
         retain_eval=retain_eval,
         holdout_records=load_split("holdout", num_authors=cli.num_authors),
