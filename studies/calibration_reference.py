@@ -43,6 +43,9 @@ def main() -> None:
     parser.add_argument("--num_holdout_authors", type=int, default=2)
     parser.add_argument("--output", required=True)
     parser.add_argument("--adapter", default=None, help="Also read the target with this LoRA adapter (a stopped run).")
+    parser.add_argument(
+        "--base", action="store_true", help="Also read the pretrained model the target was fine-tuned from."
+    )
     args = parser.parse_args()
     cli = CompareArguments(
         benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset,
@@ -59,6 +62,10 @@ def main() -> None:
         ("target", setting.target_model, setting.tokenizer),
         ("never_trained", setting.reference_model, setting.reference_tokenizer),
     ]
+    if args.base:
+        from hf_unlearn.benchmarks.pretrained import load_smollm2
+
+        models.append(("base", *load_smollm2()))
     if args.adapter:  # last: the adapter is injected into the target's modules in place
         models.append(("unlearned", None, setting.tokenizer))
     for label, model, tokenizer in models:

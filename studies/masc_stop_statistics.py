@@ -78,6 +78,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--output", required=True)
+    parser.add_argument(
+        "--reference", choices=("calibration", "holdout"), default="calibration",
+        help="The run's never-seen set: the calibration authors (the demo's), or the attack's holdout authors.",
+    )  # fmt: skip
     args = parser.parse_args()
     model, tokenizer, _ = learn_target_model(show_progress=False)
     names = {"forget": "forget10", "retain": "retain90", "calibration": "calibration", "holdout": "holdout"}
@@ -96,7 +100,7 @@ def main() -> None:
     datasets = {role: build_qa_dataset(rows, tokenizer) for role, rows in records.items()}
     trainer = UnlearnTrainer(
         model, config, datasets["forget"], datasets["retain"], processing_class=tokenizer,
-        calibration_dataset=datasets["calibration"],
+        calibration_dataset=datasets[args.reference],
     )  # fmt: skip
     tracker = StopStatistics(tokenizer, {k: records[k] for k in ("forget", "calibration", "holdout")})
     tracker.stopping = next(c for c in trainer.callback_handler.callbacks if isinstance(c, ViolationStoppingCallback))

@@ -35,9 +35,10 @@ def test_membership_verdicts_follow_museS_privleak(setting):
 
 def test_audit_fails_a_suppressed_model_and_says_why(setting):
     tokenizer, forget, retain, holdout, target, suppressed, reference = setting
+    # 20 steps: after 10 the excess over the reference was +0.152 with AVX2 kernels, +0.055 with AVX-512 ones
     audit = run_audit(
         suppressed, tokenizer, forget, retain, holdout, reference_model=reference, target_model=target,
-        relearn_steps=10, relearn_learning_rate=1e-3,
+        relearn_steps=20, relearn_learning_rate=1e-3,
     )  # fmt: skip
     verdicts = audit["verdicts"]
     assert set(verdicts) == {"quantization", "relearning", "membership"}

@@ -37,12 +37,13 @@ def test_suppressed_knowledge_comes_back_and_the_reference_is_not_flagged(models
     assert evaluate_qa(target, tokenizer, forget)["rouge_l_recall"] > 0.9
     assert evaluate_qa(suppressed, tokenizer, forget)["rouge_l_recall"] < 0.5
     state = {k: v.clone() for k, v in suppressed.state_dict().items()}
+    # 20 steps: after 10 the excess over the reference was +0.152 with AVX2 kernels, +0.055 with AVX-512 ones
     result = check_relearning_robustness(
-        suppressed, tokenizer, forget, reference_model=reference, target_model=target, steps=10, learning_rate=1e-3,
-        measure_every=5,
+        suppressed, tokenizer, forget, reference_model=reference, target_model=target, steps=20, learning_rate=1e-3,
+        measure_every=10,
     )  # fmt: skip
     assert all(torch.equal(v, state[k]) for k, v in suppressed.state_dict().items())  # the attack used a copy
-    assert [row["step"] for row in result["curve"]] == [0, 5, 10]
+    assert [row["step"] for row in result["curve"]] == [0, 10, 20]
     assert result["relearn_examples"] == result["measured_examples"] == 5
     end, start = result["curve"][-1]["rouge_l_recall"], result["curve"][0]["rouge_l_recall"]
     assert end - result["reference_curve"][-1]["rouge_l_recall"] > 0.1 and end > start
@@ -67,7 +68,7 @@ def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
     assert "--forget_data" in capsys.readouterr().err
     status = main(
         ["relearn-check", "--model_name_or_path", str(tmp_path / "suppressed"), "--forget_data", str(path),
-         "--reference_model", str(tmp_path / "reference"), "--steps", "10", "--learning_rate", "1e-3",
+         "--reference_model", str(tmp_path / "reference"), "--steps", "20", "--learning_rate", "1e-3",
          "--output_dir", str(tmp_path)]
     )  # fmt: skip
     assert status == 0
@@ -82,9 +83,10 @@ def test_sweep_reports_the_worst_case_of_the_grid(models):
 
     tokenizer, forget, target, suppressed, reference = models
     given = dict(reference_model=reference, target_model=target)
-    sweep = relearning_sweep(suppressed, tokenizer, forget, learning_rates=(1e-4, 1e-3), steps=(5, 10), **given)
+    # 20 steps at the top: after 10 at lr 1e-3 the excess is +0.152 with AVX2 kernels and +0.055 with AVX-512 ones
+    sweep = relearning_sweep(suppressed, tokenizer, forget, learning_rates=(1e-4, 1e-3), steps=(10, 20), **given)
     assert [(row["learning_rate"], row["steps"]) for row in sweep["grid"]] == [
-        (1e-4, 5), (1e-4, 10), (1e-3, 5), (1e-3, 10)
+        (1e-4, 10), (1e-4, 20), (1e-3, 10), (1e-3, 20)
     ]  # fmt: skip
     for row in sweep["grid"]:
         alone = check_relearning_robustness(

@@ -170,7 +170,11 @@ def sequence_main(argv: list[str]) -> Any:
     expanded = yaml_to_argv(argv[0]) + argv[1:] if argv and argv[0].endswith((".yaml", ".yml")) else argv
     embedded = not any(arg.partition("=")[0] in ("--model_name_or_path", "--model") for arg in expanded)
     # The demo's learning rate suits the embedded tiny model only; a model of the user's keeps UnlearnConfig's.
-    defaults = dict(DEMO_DEFAULTS, output_dir="hf-unlearn-sequence")
+    # One request is one author (10 examples, 3 steps an epoch), so the demo's 80 epochs would be a budget of 160-240
+    # steps, which a freshly learned demo target's first request used up at calibration gap 0.633 (slack 0.5): a
+    # request gets the step budget of any run that stops itself (self_stop_max_steps) instead.
+    defaults = {key: value for key, value in DEMO_DEFAULTS.items() if key != "num_train_epochs"}
+    defaults["output_dir"] = "hf-unlearn-sequence"
     if not embedded:
         defaults = {key: defaults[key] for key in ("output_dir", "report_to", "save_strategy")}
     sequence_args, config = _parse((SequenceArguments, UnlearnConfig), argv, defaults=defaults)
