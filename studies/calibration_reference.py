@@ -19,20 +19,14 @@ import statistics
 from typing import Any
 
 from hf_unlearn.cli.arguments import CompareArguments
-from hf_unlearn.data.prompts import prompt_and_completion
-from hf_unlearn.evaluation.bundle import qa_membership_auc
-from hf_unlearn.evaluation.membership import membership_scores
+from hf_unlearn.evaluation.bundle import qa_attack_scores, qa_membership_auc
 from hf_unlearn.jobs.compare_setups import tofu_setting
 
 PAIRS = (("forget", "holdout"), ("forget", "calibration"), ("calibration", "holdout"))
 
 
 def min_k_mean(model: Any, tokenizer: Any, records: list[dict]) -> float:
-    pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], None) for r in records]
-    scores = membership_scores(
-        model, tokenizer, [c for _, c in pairs], prompts=[p for p, _ in pairs], attacks=("min_k",)
-    )["min_k"]
-    return statistics.mean(scores)
+    return statistics.mean(qa_attack_scores(model, tokenizer, records))
 
 
 def main() -> None:

@@ -50,19 +50,42 @@ def qa_membership_auc(
     the same teacher-forced pass (its LM head only where an answer token is predicted, a shared prompt prefix run
     once)."""
 
-    def scores(records: Sequence[Mapping[str, Any]], scored: Sequence[AnswerScores] | None) -> list[float]:
-        pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
-        texts = [completion for _, completion in pairs]
-        prompts = [prompt for prompt, _ in pairs]
-        return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,), scored=scored)[attack]
+    members_read = attack_scores(model, tokenizer, members, prompt_template, attack, scored=member_scores)
+    non_members_read = qa_attack_scores(model, tokenizer, non_members, prompt_template, attack)
+    return membership_auc(members_read, non_members_read)
 
+
+def attack_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Mapping[str, Any]],
+    prompt_template: str | None,
+    attack: str,
+    scored: Sequence[AnswerScores] | None = None,
+) -> list[float]:
+    """Each record's ``attack`` score, its answer read as the continuation of its prompt: from ``scored`` (its
+    teacher-forced pass) where given, else from the attack's own forward."""
+    pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
+    texts = [completion for _, completion in pairs]
+    prompts = [prompt for prompt, _ in pairs]
+    return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,), scored=scored)[attack]
+
+
+def qa_attack_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Mapping[str, Any]],
+    prompt_template: str | None = None,
+    attack: str = "min_k",
+) -> list[float]:
+    """:func:`attack_scores` of question/answer records, a forward attack's read from one teacher-forced pass (its LM
+    head only where an answer token is predicted, a shared prompt prefix run once): what
+    :func:`qa_membership_auc` scores its non-members with, so that sets compared pairwise are each scored once."""
     reads = attack_reads((attack,))
-    non_member_scores = None
+    scored = None
     if reads:
-        non_member_scores, _ = measure_answers(
-            model, tokenizer, non_members, (), prompt_template=prompt_template, reads=reads
-        )
-    return membership_auc(scores(members, member_scores), scores(non_members, non_member_scores))
+        scored, _ = measure_answers(model, tokenizer, records, (), prompt_template=prompt_template, reads=reads)
+    return attack_scores(model, tokenizer, records, prompt_template, attack, scored=scored)
 
 
 def measure_qa_sets(

@@ -35,8 +35,9 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from ..evaluation.bundle import measure_qa_sets, qa_membership_auc, real_knowledge_utility
+from ..evaluation.bundle import measure_qa_sets, qa_attack_scores, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
+from ..evaluation.membership import membership_auc
 from ..training.choices import BASELINES
 from ..training.config import UnlearnConfig
 from .compare_region import build_region, in_region, region_misses
@@ -212,10 +213,13 @@ class CompareSetting:
         if self.calibration_records is None:
             return None
         model, tokenizer = self.reference_model, self.reference_tokenizer
-        calibration = self.calibration_records
+        forget, calibration, holdout = (
+            qa_attack_scores(model, tokenizer, records)
+            for records in (self.forget_records, self.calibration_records, self.holdout_records)
+        )  # each set scored once, the calibration set read against both
         return {
-            "forget_vs_calibration_auc": qa_membership_auc(model, tokenizer, self.forget_records, calibration),
-            "calibration_vs_holdout_auc": qa_membership_auc(model, tokenizer, calibration, self.holdout_records),
+            "forget_vs_calibration_auc": membership_auc(forget, calibration),
+            "calibration_vs_holdout_auc": membership_auc(calibration, holdout),
         }
 
     def measure(self, model: Any, tokenizer: Any = None, with_fluency: bool | None = None) -> dict:

@@ -133,7 +133,7 @@ def embedded_setting(cli: Any) -> CompareSetting:
     retain_split = load_split(retain_split_for(cli.split), num_authors=cli.num_authors)
     retain_eval = retain_split.shuffle(seed=0).select(range(min(cli.retain_eval_size, len(retain_split))))
     calibration_records = load_split("calibration", num_authors=cli.num_authors) if cli.calibrate else None
-    calibration = build_qa_dataset(calibration_records, tokenizer) if cli.calibrate else None
+    calibration = build_qa_dataset(calibration_records, tokenizer) if calibration_records is not None else None
     return CompareSetting(
         target_model=target_model,
         tokenizer=tokenizer,

@@ -71,7 +71,7 @@ class UnlearnTrainer(Trainer):
         model: a causal LM (``PreTrainedModel``) or a PEFT model.
         args: an :class:`UnlearnConfig` (not modified: the trainer resolves 'auto' settings on its own copy).
         train_dataset: the forget set, tokenized (``input_ids``, ``attention_mask``, ``labels`` with -100 on
-            the prompt); see :func:`hf_unlearn.build_qa_dataset`.
+            the prompt); see :func:`~hf_unlearn.data.examples.build_qa_dataset`.
         retain_dataset: the data to keep, same form; required by objectives with a retain term.
         processing_class: the tokenizer (its pad id pads the batches).
         peft_config: a ``peft.LoraConfig`` (or any PEFT config); the model is wrapped with it, as in TRL.
