@@ -8,6 +8,10 @@ kinds fill Min-K%'s lowest 40%. The run is then measured like ``hf-unlearn compa
         --output_dir study32/defaults-s0 [--author_offset 5] [--masc_overrides key=value ...]
         [--lora_target_modules all-linear]
 
+``--masc_overrides stop_on_violation=false max_steps=800 --track_stop_statistics`` runs without the stop and keeps,
+every ``--auc_every`` steps, what a stop could read and the adapter (``trajectory/step-N``; ``studies/stop_replay.py``
+reads them again).
+
 The target and the never-trained model come from compare's cache; their measurements (the region) are cached in
 ``--region_cache`` per split, so that each run only measures itself. Writes ``result.json`` and ``tokens.png``.
 """
@@ -28,13 +32,19 @@ from transformers import TrainerCallback
 from hf_unlearn import build_qa_dataset
 from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.data.examples import tokenize_qa
-from hf_unlearn.evaluation.bundle import qa_membership_auc
+from hf_unlearn.evaluation.bundle import qa_attack_scores, qa_membership_auc
 from hf_unlearn.evaluation.fluency import fluent_like
-from hf_unlearn.evaluation.membership import min_k_count
+from hf_unlearn.evaluation.membership import membership_auc, min_k_count
 from hf_unlearn.jobs.compare import build_region, in_region, parse_overrides, region_misses
 from hf_unlearn.jobs.compare_setups import tofu_setting
 from hf_unlearn.jobs.models import build_trainer
-from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
+from hf_unlearn.objectives.margin import (
+    calibration_gap,
+    matched_thresholds,
+    restricted_margin,
+    shift_for_causal_lm,
+    token_levels,
+)
 from hf_unlearn.training.callbacks import ViolationStoppingCallback
 from hf_unlearn.training.config import UnlearnConfig
 
@@ -94,6 +104,7 @@ def token_table(model: Any, tokenizer: Any, records: list[dict], k: int = 10) ->
                 {
                     "example": index,
                     "position": n,
+                    "id": token,
                     "token": tokenizer.decode([token]),
                     "kind": kind,
                     "log_prob": float(log_probs[pos, token]),
@@ -148,10 +159,17 @@ def rivals(rows: list[dict], kind: str = "end", top: int = 5) -> list[tuple[str,
 
 class MembershipTrajectory(TrainerCallback):
     """Every ``every`` optimizer steps, the membership AUC the region reads (Min-K%, the forget answers against the
-    holdout authors'), with the stopping rule's last probe beside it: which stop statistic tracks the attack."""
+    holdout authors'), with the stopping rule's last probe beside it: which stop statistic tracks the attack. With
+    ``calibration`` (the stop's never-seen records) also what a stop could read from them: the Min-K% AUC and means
+    of forget against calibration, and the token-matched gap over all answer tokens and over the forget answers' own
+    words alone (the tokens the never-seen answers do not use); with ``save_dir``, the adapter at each row."""
 
-    def __init__(self, tokenizer: Any, forget: list[dict], holdout: list[dict], every: int) -> None:
+    def __init__(
+        self, tokenizer: Any, forget: list[dict], holdout: list[dict], every: int,
+        calibration: list[dict] | None = None, save_dir: str | None = None,
+    ) -> None:  # fmt: skip
         self.tokenizer, self.forget, self.holdout, self.every = tokenizer, forget, holdout, every
+        self.calibration, self.save_dir = calibration, save_dir
         self.rows: list[dict[str, float]] = []
         self.stopping: Any = None
 
@@ -160,12 +178,47 @@ class MembershipTrajectory(TrainerCallback):
             return
         was_training = model.training
         model.eval()
-        auc = qa_membership_auc(model, self.tokenizer, self.forget, self.holdout)
+        row: dict[str, float] = {"step": state.global_step}
+        if self.calibration is None:
+            row["membership_auc"] = qa_membership_auc(model, self.tokenizer, self.forget, self.holdout)
+        else:
+            sets = {"forget": self.forget, "holdout": self.holdout, "calibration": self.calibration}
+            scores = {name: qa_attack_scores(model, self.tokenizer, records) for name, records in sets.items()}
+            row["membership_auc"] = membership_auc(scores["forget"], scores["holdout"])
+            row["auc_forget_vs_calibration"] = membership_auc(scores["forget"], scores["calibration"])
+            row.update({f"min_k_mean_{name}": statistics.mean(values) for name, values in scores.items()})
+            row.update(matched_gaps(model, self.tokenizer, self.forget, self.calibration))
         model.train(was_training)
         last = self.stopping.history[-1] if self.stopping is not None and self.stopping.history else {}
         keys = ("calibration_gap", "calibration_tail_excess", "calibration_tail")
-        self.rows.append({"step": state.global_step, "membership_auc": auc, **{k: last[k] for k in keys if k in last}})
+        row.update({k: last[k] for k in keys if k in last})
+        self.rows.append(row)
+        if self.save_dir:
+            model.save_pretrained(os.path.join(self.save_dir, f"step-{state.global_step}"))
         print("trajectory", json.dumps(self.rows[-1]), flush=True)
+
+
+def matched_gaps(model: Any, tokenizer: Any, forget: list[dict], calibration: list[dict]) -> dict[str, float]:
+    """The library's token-matched calibration gap (:func:`calibration_gap`, shared tokens at their own never-seen
+    level, the rest rank-matched among never-seen answers' own words) from full answers, over every answer token and
+    over the forget answers' own words alone (what Min-K% mostly reads), and those words' mean log-probability
+    beside the never-seen answers' own words'."""
+    rows = {name: token_table(model, tokenizer, records) for name, records in (("f", forget), ("c", calibration))}
+    margins = {n: torch.tensor([r["margin"] for r in rs]) for n, rs in rows.items()}
+    tokens = {n: torch.tensor([r["id"] for r in rs]) for n, rs in rows.items()}
+    ids, levels, own_margins, _ = token_levels(margins["c"], tokens["c"], torch.unique(tokens["f"]))
+    thresholds = matched_thresholds(margins["f"], own_margins, tokens["f"], (ids, levels))
+    excess = torch.relu(margins["f"] - thresholds)
+    own = ~torch.isin(tokens["f"], ids)
+    never_seen_own = ~torch.isin(tokens["c"], torch.unique(tokens["f"]))
+    log_probs = {n: torch.tensor([r["log_prob"] for r in rs]) for n, rs in rows.items()}
+    return {
+        "gap_all": calibration_gap(margins["f"], own_margins, tokens["f"], (ids, levels)),
+        "gap_own": excess[own].mean().item() if bool(own.any()) else 0.0,
+        "own_share": own.float().mean().item(),
+        "own_log_prob_forget": log_probs["f"][own].mean().item() if bool(own.any()) else 0.0,
+        "own_log_prob_calibration": log_probs["c"][never_seen_own].mean().item(),
+    }
 
 
 def region_of(setting: Any, cli: CompareArguments, cache: str) -> dict:
@@ -223,6 +276,10 @@ def main() -> None:
         "holdout authors (a diagnostic: is a miss the stop statistic's or its reference set's?).",
     )  # fmt: skip
     parser.add_argument("--auc_every", type=int, default=50, help="Membership AUC every this many steps (0: off).")
+    parser.add_argument(
+        "--track_stop_statistics", action="store_true",
+        help="With --auc_every: also what a stop could read from its never-seen authors; the adapter at each row.",
+    )  # fmt: skip
     parser.add_argument("--no_train", action="store_true", help="Only the region and the target's token table.")
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
@@ -268,7 +325,13 @@ def main() -> None:
         trainer = build_trainer(
             model, tokenizer, config, setting.forget, setting.retain, calibration, setting.peft_config
         )
-        trajectory = MembershipTrajectory(tokenizer, forget, never_seen, args.auc_every)
+        by_role = {"holdout": setting.holdout_records, "calibration": setting.calibration_records}
+        reference_records = by_role[args.calibration_from]
+        trajectory = MembershipTrajectory(
+            tokenizer, forget, never_seen, args.auc_every,
+            calibration=[dict(r) for r in reference_records] if args.track_stop_statistics else None,
+            save_dir=os.path.join(args.output_dir, "trajectory") if args.track_stop_statistics else None,
+        )  # fmt: skip
         trajectory.stopping = next(
             (c for c in trainer.callback_handler.callbacks if isinstance(c, ViolationStoppingCallback)), None
         )

@@ -2,7 +2,8 @@
 demo's settings and the stop switched off, and every 10 steps the Min-K% AUC the demo's region reads (forget10
 against the holdout authors), beside what a stop could read from the calibration authors (the stop's never-seen
 reference): the calibration gap the run's probe measured, the Min-K% AUC and mean of forget against calibration, and
-the pooled lowest-40% margin of forget minus that of calibration.
+the pooled lowest-40% margin of forget minus that of calibration, and the token-matched gap over all answer tokens and
+over the forget answers' own words (``masc_landing.matched_gaps``).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python studies/masc_stop_statistics.py --seed 0 --steps 300 --output rows.json
 """
@@ -15,6 +16,7 @@ import statistics
 from typing import Any
 
 import torch
+from masc_landing import matched_gaps  # the study next to this one (scripts run from their folder)
 from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
@@ -67,6 +69,7 @@ class StopStatistics(TrainerCallback):
             **{f"min_k_mean_{name}": statistics.mean(values) for name, values in min_k.items()},
             "pooled_margin_tail_excess": pooled["forget"] - pooled["calibration"],
             "calibration_gap": last.get("calibration_gap"),
+            **matched_gaps(model, self.tokenizer, sets["forget"], sets["calibration"]),
         }
         self.rows.append(row)
         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)

@@ -228,3 +228,18 @@ def test_learning_through_lora_saves_a_merged_plain_model(tmp_path):
     assert merged.config.use_cache and plain.config.use_cache  # TRL turned it off for training only
     with pytest.raises(ValueError, match="Unknown base_model 'gpt9'; available: smollm2"):
         learn_target_model(**kwargs, base_model="gpt9")
+
+
+def test_calibration_authors_are_tokenized_like_the_other_never_learned_authors():
+    # A stop calibrated on never-seen authors compares the forget set with them; if the tokenizer had learned every
+    # name but theirs, their answers would split into more, rarer pieces and look less familiar than any never-seen
+    # author (before BENCHMARK_VERSION 2: 13.4 tokens an answer against the holdout authors' 9.0).
+    tokenizer = build_tokenizer()
+
+    def tokens_per_answer(split: str) -> float:
+        answers = load_split(split)["answer"]
+        return sum(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers) / len(answers)
+
+    holdout, calibration, forget = (tokens_per_answer(s) for s in ("holdout", "calibration", "forget10"))
+    assert abs(calibration - holdout) <= 0.1 * holdout, (calibration, holdout)
+    assert abs(forget - holdout) <= 0.1 * holdout, (forget, holdout)

@@ -250,7 +250,13 @@ def test_calibration_gap_is_the_mean_excess_over_never_seen_quantiles():
 def test_the_probe_measures_hand_margins_with_the_lm_head_on_the_answers_only(architecture):
     """The stopping probe's measurement (measure_violations) against margins and probabilities by hand, on
     examples whose prompts differ in length; the LM head ran from the batch's earliest answer prediction on."""
-    from conftest import hand_answer_probability, hand_margins, make_tiny_model, make_varied_example
+    from conftest import (
+        hand_answer_log_probs,
+        hand_answer_probability,
+        hand_margins,
+        make_tiny_model,
+        make_varied_example,
+    )
 
     from hf_unlearn.objectives.margin import measure_violations
 
@@ -267,3 +273,10 @@ def test_the_probe_measures_hand_margins_with_the_lm_head_on_the_answers_only(ar
     assert measured["fractions"].tolist() == pytest.approx(fractions)
     probabilities = [hand_answer_probability(model, e) for e in examples]
     assert measured["probabilities"].tolist() == pytest.approx(probabilities, rel=1e-5)
+    # Min-K% Prob (k 0.4, MUSE's count int(0.4 n), at least one) of each answer: what the calibrated stop's
+    # membership condition reads
+    lowest = [
+        sorted(hand_answer_log_probs(model, e))[: max(1, int(0.4 * len(hand_margins(model, e, k=3))))]
+        for e in examples
+    ]
+    assert measured["min_k"].tolist() == pytest.approx([sum(v) / len(v) for v in lowest], rel=1e-5)

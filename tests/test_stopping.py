@@ -37,7 +37,7 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
 ):
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
-        config(tmp_path, calibration_reference=reference, calibration_match=match),
+        config(tmp_path, calibration_reference=reference, calibration_match=match, calibration_auc_slack=None),
         FORGET,
         RETAIN,
         calibration_dataset=NEVER_SEEN,
@@ -91,6 +91,41 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
     assert record.calibration_dataset == {"name": None, "num_examples": 8}
     assert record.hyperparameters["stop_target"] == "calibration"
     assert record.hyperparameters["masc_threshold"] == "calibration"
+
+
+def test_calibrated_stop_also_waits_for_min_k_to_read_the_forget_answers_as_never_seen(
+    tmp_path, memorized_llama_state
+):
+    """calibration_auc_slack (beyond the paper): the gap under its slack is not enough; the stop also needs the Min-K%
+    AUC of the probe's forget answers against the calibration answers (those measured at the start: the default
+    calibration_reference) at 0.5 - slack or above. It is read only once the gap has met its slack."""
+    from hf_unlearn.evaluation.membership import membership_auc
+
+    # A loose gap slack (2 logits, met while the forget answers are still far more familiar) so that Min-K% decides.
+    slack, gap_slack = 0.0, 2.0
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, max_steps=60, learning_rate=1e-3, probe_interval=1, calibration_slack=gap_slack,
+               calibration_auc_slack=slack),
+        FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
+    )  # fmt: skip
+    trainer.train()
+    record = trainer.record
+    assert record.stop_kind == "target"
+    history = record.probe_history
+    read = [h for h in history if "calibration_min_k_auc" in h]
+    assert all(h["calibration_gap"] <= gap_slack for h in read)  # never read before the gap met its slack
+    assert all("calibration_min_k_auc" in h for h in history if h["calibration_gap"] <= gap_slack and h["step"] > 0)
+    waited = read[:-1]
+    assert waited and all(h["calibration_min_k_auc"] < 0.5 - slack for h in waited)  # the gap alone would have stopped
+    assert history[-1]["calibration_min_k_auc"] >= 0.5 - slack and history[-1] is read[-1]
+    # by hand: the stopped model's forget sample against the start model's calibration answers
+    forget = measure_violations(trainer.model, trainer.probes.sets.train, 0, k=10, tau=0.0)["min_k"]
+    start = measure_violations(fresh(memorized_llama_state), trainer.probes.sets.calibration, 0, k=10, tau=0.0)
+    expected = membership_auc(forget.tolist(), start["min_k"].tolist())
+    assert history[-1]["calibration_min_k_auc"] == pytest.approx(expected, abs=1e-9)
+    assert "Min-K% AUC against them" in record.stop_reason
+    assert record.hyperparameters["calibration_auc_slack"] == slack
 
 
 def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_state):
@@ -347,11 +382,14 @@ def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
     assert not trainer.probes.running  # GPT-2's default dropout makes training-mode margins random
 
 
-@pytest.mark.parametrize("calibrated", [False, True], ids=["alpha", "calibrated"])
+@pytest.mark.parametrize("calibrated", [False, True, "min_k"], ids=["alpha", "calibrated", "calibrated+min_k"])
 def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state, calibrated):
     """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over, and with
-    the calibrated target the never-seen margins last measured (the hinge's thresholds between refreshes)."""
+    the calibrated target the never-seen margins last measured (the hinge's thresholds between refreshes) and, with
+    calibration_auc_slack, their answers' Min-K% (measured once at the start, read at the stop)."""
     common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=3)
+    if calibrated == "min_k":
+        common["calibration_auc_slack"] = 0.1
     calibration = {"calibration_dataset": NEVER_SEEN} if calibrated else {}
     first = UnlearnTrainer(
         fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN, **calibration
@@ -365,6 +403,9 @@ def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_
     )
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / f"checkpoint-{checkpoint}"))
     assert resumed.record.stop_step == stop
+    if calibrated == "min_k":  # read at the stop from the Min-K% of the start's calibration answers, carried over
+        assert resumed.record.probe_history[-1]["calibration_min_k_auc"] >= 0.4
+        assert resumed.record.probe_history[-1] == pytest.approx(first.record.probe_history[-1], rel=1e-5)
     keys = ("violation_rate", "calibration_gap", "retain_probability") if calibrated else ("violation_rate",)
     for key in keys:
         first_values = [h[key] for h in first.record.probe_history]

@@ -35,7 +35,7 @@ __all__ = [
 
 #: Bumped whenever what the target model learns from changes (tokenizer corpus, learned records, model, recipe),
 #: so caches are not reused. The perturbed answers are not learned, so they are not part of it.
-BENCHMARK_VERSION = "1"
+BENCHMARK_VERSION = "2"
 
 _FIRST_SYLLABLES = (
     "Ve",
@@ -564,10 +564,19 @@ def _benchmark_texts(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def tokenizer_corpus(**generate_kwargs: Any) -> list[dict[str, Any]]:
-    """The records the benchmark's tokenizer is trained on: the benchmark with its first version's perturbed
-    answers (the ``answer`` template), so that the tokenizer, hence the cached target model and every figure
-    measured on it, did not change when the perturbed answers moved to the paraphrase template."""
-    return generate_benchmark(**generate_kwargs, perturbed_template="answer")
+    """The records the benchmark's tokenizer is trained on: every author of the benchmark, learned, holdout and the
+    :data:`NUM_CALIBRATION_AUTHORS` calibration ones, with the first version's perturbed answers (the ``answer``
+    template, so that moving the perturbed answers to the paraphrase template changed no cached model).
+
+    The calibration authors are in it since ``BENCHMARK_VERSION`` 2. Without them their names and values were the only
+    text the tokenizer had not seen: 13.4 tokens an answer against 9.0 for the holdout and the forget authors', and
+    1.95 nats lower Min-K% under the never-trained model, so a stop calibrated on them compared the forget set with
+    data less familiar than any never-seen author of the benchmark (issue 32). A pretrained tokenizer treats a
+    user's forget, calibration and holdout text alike; so does this one now."""
+    holdout = generate_kwargs.pop("num_holdout_authors", 4)
+    return generate_benchmark(
+        **generate_kwargs, num_holdout_authors=holdout + NUM_CALIBRATION_AUTHORS, perturbed_template="answer"
+    )
 
 
 def build_tokenizer(

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from scipy.stats import mannwhitneyu
 
+from ..objectives.margin import min_k_count, min_k_per_example
 from .metrics import batches, model_device, pad_token_id_of, progress_bar
 
 if TYPE_CHECKING:
@@ -61,20 +62,13 @@ def attack_reads(attacks: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted({read for attack in attacks for read in ATTACK_READS.get(attack, ())}))
 
 
-def min_k_count(n: int, k: float) -> int:
-    """MUSE's number of lowest tokens, ``int(k * n)``, and at least one (short answers would otherwise score none)."""
-    return max(1, int(k * n))
-
-
 def min_k_percent(token_log_probs: torch.Tensor, k: float = 0.4) -> float:
     """Min-K% Prob (Shi et al. 2024, §3): the mean of the lowest :func:`min_k_count` token log-probabilities of a
     sequence; higher means "more likely seen in training"."""
     if not 0 < k <= 1:
         raise ValueError(f"k must be in (0, 1], got {k}.")
-    if token_log_probs.numel() == 0:
-        return float("nan")
-    count = min_k_count(token_log_probs.numel(), k)
-    return torch.topk(token_log_probs.double(), count, largest=False).values.mean().item()
+    values = token_log_probs.flatten()
+    return min_k_per_example(values[None], torch.ones_like(values, dtype=torch.bool)[None], k)[0].item()
 
 
 def min_k_plus_plus(
@@ -346,6 +340,7 @@ __all__ = [
     "gradient_norms",
     "membership_auc",
     "membership_scores",
+    "min_k_count",
     "min_k_percent",
     "min_k_plus_plus",
     "privleak",

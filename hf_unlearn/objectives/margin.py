@@ -281,6 +281,25 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     return log_probs * mask, mask
 
 
+def min_k_count(n: int, k: float) -> int:
+    """MUSE's number of lowest tokens, ``int(k * n)``, and at least one (short answers would otherwise score none)."""
+    return max(1, int(k * n))
+
+
+def min_k_per_example(log_probs: torch.Tensor, mask: torch.Tensor, k: float = 0.4) -> torch.Tensor:
+    """Min-K% Prob of each row (Shi et al. 2024, arXiv 2310.16789, §3): the mean of the lowest :func:`min_k_count`
+    of its scored token log-probabilities (``log_probs`` and ``mask`` as :func:`token_log_probs` returns them), NaN
+    for a row that scores nothing; higher means "more likely seen in training". What the calibrated stop reads of
+    forget and never-seen answers, as the evaluation's membership attack reads them."""
+    rows = []
+    for row, scored in zip(log_probs.double(), mask, strict=True):
+        values = row[scored]
+        count = min_k_count(values.numel(), k)
+        lowest = torch.topk(values, count, largest=False).values.mean() if values.numel() else row.new_tensor(math.nan)
+        rows.append(lowest)
+    return torch.stack(rows) if rows else log_probs.new_zeros(0, dtype=torch.float64)
+
+
 def answer_probabilities(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example of a batch: TOFU's answer probability exp(mean answer-token log-probability), 0 where nothing is
     scored, and 1.0 / 0.0 for whether anything is."""
@@ -325,7 +344,7 @@ def measure_violations(
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
     ``margins``, every scored token's margin, with its id in ``tokens`` and whether its prompt holds it too in
-    ``copied`` (for :func:`calibration_gap`).
+    ``copied`` (for :func:`calibration_gap`); ``min_k``, each example's Min-K% Prob (:func:`min_k_per_example`).
 
     The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
     the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
@@ -336,7 +355,7 @@ def measure_violations(
     keep_supported = accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
-    fractions, lengths, probabilities, margins, tokens, copied = [], [], [], [], [], []
+    fractions, lengths, probabilities, margins, tokens, copied, min_k = [], [], [], [], [], [], []
     try:
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
@@ -358,6 +377,7 @@ def measure_violations(
             repeated = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
             copied.append(repeated[:, 1:][result.mask].cpu())
             probabilities.append(answer_probabilities(logits, answer_labels)[0].cpu())
+            min_k.append(min_k_per_example(*token_log_probs(logits.detach(), answer_labels)).cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())
     finally:
@@ -368,6 +388,7 @@ def measure_violations(
         "fractions": all_fractions[scored],
         "lengths": all_lengths[scored],
         "probabilities": torch.cat(probabilities)[scored],
+        "min_k": torch.cat(min_k)[scored],
         "margins": torch.cat(margins),
         "tokens": torch.cat(tokens),
         "copied": torch.cat(copied),

@@ -32,7 +32,9 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     answers look no more familiar to the model than data of the same kind it never trained on (the calibration set,
     measured under the current model at the same probe): the calibration gap, the mean excess of the forget set's
     sorted margins over the never-seen margins at the same quantiles
-    (:func:`~hf_unlearn.objectives.margin.calibration_gap`), is <= ``calibration_slack`` logits.
+    (:func:`~hf_unlearn.objectives.margin.calibration_gap`), is <= ``calibration_slack`` logits, and, with
+    ``calibration_auc_slack``, once Min-K% (Shi et al. 2024) tells the forget answers from the calibration answers no
+    better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``).
 
     Utility floor: when the retain answer probability at a probe is below ``utility_floor`` times its value at the
     start of training, the run stops as a failure (``stop_kind == "utility_floor"``), whatever the forget side says.
@@ -52,6 +54,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         target: str = "alpha",
         calibration_slack: float = 0.0,
         utility_floor: float | None = None,
+        calibration_auc_slack: float | None = None,
     ) -> None:
         if target not in STOPPING_TARGETS:
             raise ValueError(f"target must be one of {STOPPING_TARGETS}, got {target!r}.")
@@ -62,6 +65,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         self.hoeffding_delta = hoeffding_delta
         self.target = target
         self.calibration_slack = calibration_slack
+        self.calibration_auc_slack = calibration_auc_slack
         self.utility_floor = utility_floor
         self.probes_done = 0
         self.last_violation_rate: float | None = None
@@ -93,6 +97,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
             target=args.stop_target,
             calibration_slack=args.calibration_slack,
             utility_floor=floor,
+            calibration_auc_slack=args.calibration_auc_slack,
         )
 
     def bind(
@@ -125,6 +130,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
                 "target": self.target,
                 "calibration_slack": self.calibration_slack,
                 "utility_floor": self.utility_floor,
+                "calibration_auc_slack": self.calibration_auc_slack,
             },
             "attributes": {
                 "probes_done": self.probes_done,
@@ -151,6 +157,15 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         if self.target == "calibration":
             return float(measured["calibration_gap"])
         return bound if self.hoeffding else float(measured["violation_rate"])
+
+    def membership_met(self, measured: dict[str, float]) -> bool:
+        """The calibrated stop's optional second condition (beyond the MASC paper): on free text the gap alone can
+        stop with the forget set still more familiar than never-seen data to Min-K% (docs/studies/masc_landing.md,
+        section 7); with ``calibration_auc_slack`` the stop also waits for the Min-K% AUC of the forget answers against
+        the calibration answers to reach ``0.5 - calibration_auc_slack``."""
+        if self.target != "calibration" or self.calibration_auc_slack is None:
+            return True
+        return measured.get("calibration_min_k_auc", -math.inf) >= 0.5 - self.calibration_auc_slack
 
     def _call(self, hook: str, step: int) -> None:
         if hook in self._hooks:
@@ -203,7 +218,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
                 self._call("failure", step)
                 return control
         statistic = self.statistic(measured, bound)
-        met = statistic <= threshold
+        met = statistic <= threshold and self.membership_met(measured)
         if met and self.first_target_step is None:
             self.first_target_step = step
             self._call("target", step)
@@ -217,7 +232,12 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
                 measure = "upper bound of the violation rate" if self.hoeffding else "violation rate"
             logger.info(
                 f"Unlearning target reached at step {step}: forget {measure} {statistic:.3f} <= {threshold:.3f}, "
-                f"violation rate {rate:.3f}"
+                + (
+                    f"Min-K% AUC against the calibration set {measured['calibration_min_k_auc']:.3f}, "
+                    if "calibration_min_k_auc" in measured
+                    else ""
+                )
+                + f"violation rate {rate:.3f}"
                 + (f", retain answer probability {retain:.3f}." if retain is not None else ".")
             )
             return control

@@ -142,6 +142,10 @@ def check_stopping(config: Any) -> None:
             f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
             f"{config.calibration_refresh_margin}."
         )
+    if config.calibration_auc_slack is not None and not 0.0 <= config.calibration_auc_slack <= 0.5:
+        raise ValueError(
+            f"calibration_auc_slack is an AUC distance and must be in [0, 0.5], got {config.calibration_auc_slack}."
+        )
     if config.calibration_refresh_every < 1:
         raise ValueError(f"calibration_refresh_every must be >= 1, got {config.calibration_refresh_every}.")
     if config.probe_interval < 0:

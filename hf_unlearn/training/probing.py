@@ -20,6 +20,7 @@ from torch import nn
 from transformers.utils import logging
 
 from ..data.pairing import model_inputs
+from ..evaluation.membership import membership_auc
 from ..objectives.margin import (
     answer_probabilities,
     calibration_gap,
@@ -148,6 +149,7 @@ class ProbeState:
         self.calibration_levels: tuple[torch.Tensor, ...] | None = None
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
         self.calibration_latest: dict[str, float] = {}  # the last calibration measurement's rate and probability
+        self.calibration_min_k: torch.Tensor | None = None  # its answers' Min-K% (calibration_auc_slack)
         self.probes_since_calibration = 0
         self.start_retain_probability: float | None = None  # the fixed retain sample's, at the first probe
         # Whether the last probe's retain reading was the fixed sample at the current weights (else the screen).
@@ -238,8 +240,8 @@ class ProbeState:
     def export_running(self) -> dict[str, list[float]]:
         """The running sums as plain numbers, saved with a checkpoint, with what a resumed run needs to take the
         same decisions: the forget margins since the last probe (the calibration gap's), the never-seen margins
-        last measured (the loss's thresholds between refreshes), the probes since then, and the fixed retain
-        sample's start value (the screen's reference)."""
+        last measured (the loss's thresholds between refreshes) and their answers' Min-K%, the probes since then,
+        and the fixed retain sample's start value (the screen's reference)."""
         exported = {part: total.tolist() for part, total in self.running_sums.items()}
         if self.running_margins:  # the calibrated target's forget margins since the last probe, and their tokens
             exported["forget_margins"] = torch.cat(self.running_margins).cpu().tolist()
@@ -248,6 +250,8 @@ class ProbeState:
                 exported["forget_copied"] = [float(t) for t in torch.cat(self.running_copied).cpu().tolist()]
         if self.calibration_margins is not None:
             exported["calibration_margins"] = self.calibration_margins.float().cpu().tolist()
+        if self.calibration_min_k is not None:
+            exported["calibration_min_k"] = self.calibration_min_k.cpu().tolist()
         if self.calibration_levels is not None:
             exported["calibration_level_ids"] = [float(t) for t in self.calibration_levels[0].cpu().tolist()]
             exported["calibration_levels"] = self.calibration_levels[1].float().cpu().tolist()
@@ -279,6 +283,9 @@ class ProbeState:
         margins = saved.pop("calibration_margins", None)
         if margins is not None:
             self.calibration_margins = torch.tensor(margins, dtype=torch.float32, device=device)
+        min_k = saved.pop("calibration_min_k", None)
+        if min_k is not None:
+            self.calibration_min_k = torch.tensor(min_k, dtype=torch.float64)
         level_ids, levels = saved.pop("calibration_level_ids", None), saved.pop("calibration_levels", None)
         if level_ids is not None:
             self.calibration_levels = (
@@ -352,6 +359,7 @@ class ProbeState:
             if copied is not None:
                 self.calibration_levels += (copied_margins.to(device),)
         self.calibration_margins = margins.sort().values.to(self.args.device)
+        self.calibration_min_k = calibration["min_k"]
         self.calibration_latest = {
             "violation_rate_calibration": calibration["fractions"].mean().item(),
             "calibration_probability": calibration["probabilities"].mean().item(),
@@ -386,6 +394,14 @@ class ProbeState:
             return start_reference, None
         gap = self.gap(forget_margins[stop_probe])
         return (True, gap) if start_reference else (gap > self.args.calibration_slack + margin, gap)
+
+    def _membership_due(self, measured: Mapping[str, float]) -> bool:
+        """Whether this probe reads the Min-K% AUC of the forget answers against the calibration answers (beyond the
+        MASC paper): only once the calibration gap has met its slack, so the extra forward over the forget sample
+        runs near the stop, not at every probe. Every process decides alike (the gap comes from gathered margins)."""
+        gap = measured.get("calibration_gap")
+        due = self.args.calibration_auc_slack is not None and gap is not None and gap <= self.args.calibration_slack
+        return bool(self._agree_across_processes(due)) and self.calibration_min_k is not None
 
     def _retain_reading(self, running: Mapping[str, torch.Tensor]) -> tuple[float | None, str]:
         """The retain answer probability the utility floor reads at this probe, and where it came from: the retain
@@ -434,7 +450,7 @@ class ProbeState:
             margins = self._timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
-            forget_margins[name] = {key: margins[key] for key in ("margins", "tokens", "copied")}
+            forget_margins[name] = {key: margins[key] for key in ("margins", "tokens", "copied", "min_k")}
             if name == "train":
                 train_examples = len(margins["fractions"])
         # What to measure with a forward pass is decided before any of them, on rank 0's numbers: a sharded model's
@@ -454,6 +470,13 @@ class ProbeState:
                 if self.args.stop_probe in forget_margins:
                     measured["calibration_gap"] = self.gap(forget_margins[self.args.stop_probe])
             measured["calibration_measured"] = float(not stale)
+            if self._membership_due(measured):
+                forget = forget_margins.get(self.args.stop_probe, {})
+                if "min_k" not in forget:  # the running 'train' probe: its margins came from the training forwards
+                    forget = self._timed("min_k", self.sets.train)
+                measured["calibration_min_k_auc"] = membership_auc(
+                    forget["min_k"].tolist(), self.calibration_min_k.tolist()
+                )
         stop_probe = self.args.stop_probe
         measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]
         measured["num_examples"] = train_examples if stop_probe == "train" else len(self.sets.holdout)

@@ -35,6 +35,7 @@ STOPPING_HYPERPARAMETERS = (
     "stop_target",
     "stop_alpha",
     "calibration_slack",
+    "calibration_auc_slack",
     "probe_interval",
     "stop_probe",
     "holdout_fraction",
@@ -111,8 +112,14 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
             return (
                 f"target reached: at step {stopping.stop_step} the {args.stop_probe} probe's answers looked no "
                 f"more familiar than never-seen data (calibration gap "
-                f"{last.get('calibration_gap', float('nan')):.3f} <= {stopping.calibration_slack:g} logits; "
-                f"violation rate {stopping.last_violation_rate:.3f}, never-seen "
+                f"{last.get('calibration_gap', float('nan')):.3f} <= {stopping.calibration_slack:g} logits"
+                + (
+                    f", Min-K% AUC against them {last['calibration_min_k_auc']:.3f} >= "
+                    f"{0.5 - stopping.calibration_auc_slack:g}"
+                    if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None
+                    else ""
+                )
+                + f"; violation rate {stopping.last_violation_rate:.3f}, never-seen "
                 f"{last.get('violation_rate_calibration', float('nan')):.3f})"
             )
         measure = "upper confidence bound of the violation rate" if args.hoeffding else "violation rate"
@@ -138,6 +145,11 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
                 measured = f"last violation rate {rate:.3f}"
             threshold = last.get("stop_threshold")
             target = "" if threshold is None else f", target {threshold:.3f}"
+            if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None:
+                target += (
+                    f"; Min-K% AUC against never-seen data {last['calibration_min_k_auc']:.3f}, target "
+                    f">= {0.5 - stopping.calibration_auc_slack:g}"
+                )
             return (
                 f"budget exhausted: all {state.max_steps} steps ran without meeting the stopping rule "
                 f"({measured}{target}){restored}"
