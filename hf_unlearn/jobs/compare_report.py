@@ -213,12 +213,13 @@ def write_compare(result: dict, output_dir: str) -> None:
     with open(os.path.join(output_dir, "compare.md"), "w") as f:
         f.write(f"# Methods compared on {result['split']}\n\n{compare_table(result)}\n\n## Every run\n\n")
         f.write(runs_table(result) + "\n")
-        if reference_text(result):
-            f.write("\n" + reference_text(result) + "\n")
-        if answers_section(result):
-            f.write("\n## Three forget answers of each run\n\n" + answers_section(result) + "\n")
-        if lm_eval_table(result):
-            f.write("\n## lm-evaluation-harness\n\n" + lm_eval_table(result) + "\n")
+        reference, answers, lm_eval = reference_text(result), answers_section(result), lm_eval_table(result)
+        if reference:
+            f.write("\n" + reference + "\n")
+        if answers:
+            f.write("\n## Three forget answers of each run\n\n" + answers + "\n")
+        if lm_eval:
+            f.write("\n## lm-evaluation-harness\n\n" + lm_eval + "\n")
     plot_compare(result, os.path.join(output_dir, "compare.png"))
 
 

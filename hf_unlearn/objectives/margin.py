@@ -303,7 +303,11 @@ def min_k_per_example(log_probs: torch.Tensor, mask: torch.Tensor, k: float = 0.
 def answer_probabilities(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example of a batch: TOFU's answer probability exp(mean answer-token log-probability), 0 where nothing is
     scored, and 1.0 / 0.0 for whether anything is."""
-    log_probs, mask = token_log_probs(logits.detach(), labels)
+    return probabilities_of(*token_log_probs(logits.detach(), labels))
+
+
+def probabilities_of(log_probs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`answer_probabilities` from the token log-probabilities and mask :func:`token_log_probs` returned."""
     lengths = mask.sum(-1)
     scored = (lengths > 0).float()
     return torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored, scored
@@ -376,8 +380,9 @@ def measure_violations(
             tokens.append(labels[result.mask].cpu())
             repeated = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
             copied.append(repeated[:, 1:][result.mask].cpu())
-            probabilities.append(answer_probabilities(logits, answer_labels)[0].cpu())
-            min_k.append(min_k_per_example(*token_log_probs(logits.detach(), answer_labels)).cpu())
+            answer_log_probs = token_log_probs(logits.detach(), answer_labels)  # one log-softmax for both reads
+            probabilities.append(probabilities_of(*answer_log_probs)[0].cpu())
+            min_k.append(min_k_per_example(*answer_log_probs).cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())
     finally:

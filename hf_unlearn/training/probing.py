@@ -399,8 +399,10 @@ class ProbeState:
         """Whether this probe reads the Min-K% AUC of the forget answers against the calibration answers (beyond the
         MASC paper): only once the calibration gap has met its slack, so the extra forward over the forget sample
         runs near the stop, not at every probe. Every process decides alike (the gap comes from gathered margins)."""
+        if self.args.calibration_auc_slack is None:  # off: no broadcast at every probe of a distributed run
+            return False
         gap = measured.get("calibration_gap")
-        due = self.args.calibration_auc_slack is not None and gap is not None and gap <= self.args.calibration_slack
+        due = gap is not None and gap <= self.args.calibration_slack
         return bool(self._agree_across_processes(due)) and self.calibration_min_k is not None
 
     def _retain_reading(self, running: Mapping[str, torch.Tensor]) -> tuple[float | None, str]:
