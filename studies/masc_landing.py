@@ -39,6 +39,7 @@ from hf_unlearn.jobs.compare import build_region, in_region, parse_overrides, re
 from hf_unlearn.jobs.compare_setups import tofu_setting
 from hf_unlearn.jobs.models import build_trainer
 from hf_unlearn.objectives.margin import (
+    NeverSeenLevels,
     calibration_gap,
     matched_thresholds,
     restricted_margin,
@@ -199,21 +200,23 @@ class MembershipTrajectory(TrainerCallback):
 
 
 def matched_gaps(model: Any, tokenizer: Any, forget: list[dict], calibration: list[dict]) -> dict[str, float]:
-    """The library's token-matched calibration gap (:func:`calibration_gap`, shared tokens at their own never-seen
-    level, the rest rank-matched among never-seen answers' own words) from full answers, over every answer token and
-    over the forget answers' own words alone (what Min-K% mostly reads), and those words' mean log-probability
-    beside the never-seen answers' own words'."""
+    """The library's token-matched calibration gap (:func:`calibration_gap`: shared tokens at their own never-seen
+    level and spread, ``gap_all_token_mean`` at the level alone, the rest rank-matched among never-seen answers' own
+    words) from full answers, over every answer token and over the forget answers' own words alone (what Min-K% mostly
+    reads), and those words' mean log-probability beside the never-seen answers' own words'."""
     rows = {name: token_table(model, tokenizer, records) for name, records in (("f", forget), ("c", calibration))}
     margins = {n: torch.tensor([r["margin"] for r in rs]) for n, rs in rows.items()}
     tokens = {n: torch.tensor([r["id"] for r in rs]) for n, rs in rows.items()}
-    ids, levels, own_margins, _ = token_levels(margins["c"], tokens["c"], torch.unique(tokens["f"]))
-    thresholds = matched_thresholds(margins["f"], own_margins, tokens["f"], (ids, levels))
+    ids, levels, own_margins, _, spread = token_levels(margins["c"], tokens["c"], torch.unique(tokens["f"]))
+    at_mean, levels = NeverSeenLevels(ids, levels), NeverSeenLevels(ids, levels, spread=spread)
+    thresholds = matched_thresholds(margins["f"], own_margins, tokens["f"], levels)
     excess = torch.relu(margins["f"] - thresholds)
     own = ~torch.isin(tokens["f"], ids)
     never_seen_own = ~torch.isin(tokens["c"], torch.unique(tokens["f"]))
     log_probs = {n: torch.tensor([r["log_prob"] for r in rs]) for n, rs in rows.items()}
     return {
-        "gap_all": calibration_gap(margins["f"], own_margins, tokens["f"], (ids, levels)),
+        "gap_all": calibration_gap(margins["f"], own_margins, tokens["f"], levels),
+        "gap_all_token_mean": calibration_gap(margins["f"], own_margins, tokens["f"], at_mean),
         "gap_own": excess[own].mean().item() if bool(own.any()) else 0.0,
         "own_share": own.float().mean().item(),
         "own_log_prob_forget": log_probs["f"][own].mean().item() if bool(own.any()) else 0.0,

@@ -5,6 +5,7 @@ import torch
 
 from hf_unlearn.objectives.margin import (
     MarginResult,
+    NeverSeenLevels,
     calibration_gap,
     exact_reproduction_bound,
     hoeffding_upper_bound,
@@ -131,9 +132,10 @@ def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_le
 
     never_seen = torch.tensor([5.0, 7.0, -4.0, 8.0, -6.0, -2.0])
     never_seen_ids = torch.tensor([10, 10, 30, 11, 31, 32])  # 10 "was" twice, 11 the end of turn, 30-32 their names
-    ids, levels, own, copied = token_levels(never_seen, never_seen_ids, shared_ids=torch.tensor([10, 11, 12, 20, 21]))
+    shared_ids = torch.tensor([10, 11, 12, 20, 21])
+    ids, levels, own, copied, spread = token_levels(never_seen, never_seen_ids, shared_ids=shared_ids)
     assert ids.tolist() == [10, 11] and levels.tolist() == [6.0, 8.0] and own.tolist() == [-6.0, -4.0, -2.0]
-    assert copied.numel() == 0
+    assert copied.numel() == 0 and spread.tolist() == [-1.0, 0.0, 1.0]  # "was" at 5 and 7 around 6, the end at 8
     forget = torch.tensor([-1.0, 3.0, 0.5, -3.0])
     forget_ids = torch.tensor([10, 11, 20, 21])  # "was" fell to -1 (its level 6), the end to 3 (level 8)
     thresholds = matched_thresholds(forget, own, forget_ids, (ids, levels))
@@ -142,6 +144,29 @@ def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_le
     assert by_rank.tolist() != thresholds.tolist()
     # the one-sided gap sees the own words' excess (2.5 and 3.0) and nothing of the fallen shared words
     assert calibration_gap(forget, own, forget_ids, (ids, levels)) == pytest.approx((2.5 + 3.0) / 4)
+    # with the spread: "was" is 7 under its level, the end 5 under its own; ranked, "was" gets the lowest never-seen
+    # deviation (-1), the end the highest (+1)
+    spread_matched = matched_thresholds(forget, own, forget_ids, NeverSeenLevels(ids, levels, spread=spread))
+    assert spread_matched.tolist() == [5.0, 9.0, -2.0, -6.0]
+
+
+def test_spread_matched_shared_words_see_a_missing_low_tail_that_their_mean_level_hides():
+    """calibration_match='token_spread' matches a shared word with its id's never-seen level plus the never-seen
+    spread at its rank ('token': the level alone). Shared words all held exactly at their never-seen mean look like no
+    excess at all to the mean; by their spread, never-seen words are not all that predictable, so the low half of
+    the forget set's sits above never-seen data's low tail, and a never-seen sample has no excess over itself."""
+    from hf_unlearn.objectives.margin import calibration_gap, token_levels
+
+    never_seen = torch.tensor([2.0, -4.0, 3.0, -5.0, 1.0, -3.0])
+    never_seen_ids = torch.tensor([10, 10, 11, 11, 12, 12])  # levels -1 for each id, deviations -2..+4
+    ids, levels, own, _, spread = token_levels(never_seen, never_seen_ids, torch.tensor([10, 11, 12]))
+    assert levels.tolist() == [-1.0, -1.0, -1.0] and spread.tolist() == [-4.0, -3.0, -2.0, 2.0, 3.0, 4.0]
+    at_level = torch.full((6,), -1.0)  # every forget occurrence exactly at its id's mean
+    mean_only, with_spread = NeverSeenLevels(ids, levels), NeverSeenLevels(ids, levels, spread=spread)
+    assert calibration_gap(at_level, own, never_seen_ids, mean_only) == 0.0
+    assert calibration_gap(at_level, own, never_seen_ids, with_spread) == pytest.approx((4 + 3 + 2) / 6)
+    assert calibration_gap(never_seen, own, never_seen_ids, with_spread) == pytest.approx(0.0, abs=1e-6)
+    assert calibration_gap(never_seen, own, never_seen_ids, mean_only) == pytest.approx((3 + 4 + 2) / 6)
 
 
 def test_prompt_copies_marks_the_answer_tokens_their_own_prompt_holds():
@@ -165,7 +190,7 @@ def test_prompt_matched_counterparts_rank_repeated_words_among_the_never_seen_re
     never_seen = torch.tensor([5.0, 2.0, -4.0, 1.0, -6.0])
     never_seen_ids = torch.tensor([10, 40, 30, 41, 31])  # 10 shared; 40, 41 their names (repeated); 30, 31 facts
     repeated = torch.tensor([False, True, False, True, False])
-    ids, levels, own, copied = token_levels(never_seen, never_seen_ids, torch.tensor([10, 20, 21, 22]), repeated)
+    ids, levels, own, copied, _ = token_levels(never_seen, never_seen_ids, torch.tensor([10, 20, 21, 22]), repeated)
     assert ids.tolist() == [10] and own.tolist() == [-6.0, -4.0] and copied.tolist() == [1.0, 2.0]
     forget = torch.tensor([4.0, -3.0, 3.0, 0.0])
     forget_ids = torch.tensor([10, 20, 21, 22])  # 20 the forget author's name (in its question), 21 and 22 facts

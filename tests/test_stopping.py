@@ -10,7 +10,7 @@ from conftest import forget_set, hand_answer_probability, make_example, make_tin
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data.pairing import pad_examples
-from hf_unlearn.objectives.margin import calibration_gap, measure_violations, token_levels
+from hf_unlearn.objectives.margin import NeverSeenLevels, calibration_gap, measure_violations, token_levels
 
 FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
@@ -30,7 +30,8 @@ def fresh(state):
 
 
 @pytest.mark.parametrize(
-    ("reference", "match"), [("start", "rank"), ("current", "rank"), ("start", "token"), ("start", "prompt")]
+    ("reference", "match"),
+    [("start", "rank"), ("current", "rank"), ("start", "token"), ("start", "prompt"), ("start", "token_spread")],
 )
 def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
     tmp_path, memorized_llama_state, reference, match
@@ -72,11 +73,13 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
         own, levels = start_margins["margins"].sort().values, None
         if match != "rank":  # shared ids against their own never-seen level, the rest by rank among the rest
             repeated = start_margins["copied"] if match == "prompt" else None
-            ids, values, own, copied = token_levels(
+            ids, values, own, copied, spread = token_levels(
                 start_margins["margins"], start_margins["tokens"], trainer.probes.sets.forget_ids, repeated
             )
             assert len(ids) > 0 and len(own) > 0 and trainer.probes.calibration_levels[0].tolist() == ids.tolist()
-            levels = (ids, values) if match == "token" else (ids, values, copied)
+            levels = NeverSeenLevels(
+                ids, values, copied if match == "prompt" else None, spread if match == "token_spread" else None
+            )
         by_hand = [
             calibration_gap(m["margins"], own, m["tokens"], levels, m.get("copied") if match == "prompt" else None)
             for m in forget_margins[1:]
@@ -382,14 +385,19 @@ def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
     assert not trainer.probes.running  # GPT-2's default dropout makes training-mode margins random
 
 
-@pytest.mark.parametrize("calibrated", [False, True, "min_k"], ids=["alpha", "calibrated", "calibrated+min_k"])
+@pytest.mark.parametrize(
+    "calibrated", [False, True, "min_k", "spread"], ids=["alpha", "calibrated", "calibrated+min_k", "token_spread"]
+)
 def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state, calibrated):
     """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over, and with
     the calibrated target the never-seen margins last measured (the hinge's thresholds between refreshes) and, with
-    calibration_auc_slack, their answers' Min-K% (measured once at the start, read at the stop)."""
+    calibration_auc_slack, their answers' Min-K% (measured once at the start, read at the stop); with 'token_spread'
+    the spread around each shared token's level."""
     common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=3)
     if calibrated == "min_k":
         common["calibration_auc_slack"] = 0.1
+    if calibrated == "spread":  # the never-seen spread around each shared level is carried over too
+        common["calibration_match"] = "token_spread"
     calibration = {"calibration_dataset": NEVER_SEEN} if calibrated else {}
     first = UnlearnTrainer(
         fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN, **calibration

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -200,50 +200,76 @@ def prompt_copies(
     return torch.stack(rows) & (labels != IGNORE_INDEX)
 
 
+class NeverSeenLevels(NamedTuple):
+    """What a forget token whose id the never-seen answers use too is matched with (beyond the MASC paper): the
+    ``ids`` (sorted) and their mean never-seen margins ``values``; with ``calibration_match='prompt'`` the sorted
+    never-seen margins of own words copied from their prompt (``copied``); with ``spread`` the sorted deviations of
+    the never-seen shared tokens from their id's mean, so that shared tokens are matched to the never-seen
+    *distribution* of their id (its mean plus the deviation at their rank), not held at its mean. A plain tuple of
+    the first fields is read the same way."""
+
+    ids: torch.Tensor
+    values: torch.Tensor
+    copied: torch.Tensor | None = None
+    spread: torch.Tensor | None = None
+
+    def to(self, device: Any) -> NeverSeenLevels:
+        return NeverSeenLevels(*(None if t is None else t.to(device) for t in self))
+
+
 def token_levels(
     margins: torch.Tensor, tokens: torch.Tensor, shared_ids: torch.Tensor, copied: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Never-seen margins split by token (beyond the MASC paper): for each token id of ``shared_ids`` (the ids the
     forget answers use) that occurs in ``tokens``, its mean never-seen margin (``ids`` sorted, ``levels``); the
-    sorted margins of the other never-seen tokens (the never-seen answers' own words: their names and facts); and,
-    with ``copied`` (:func:`prompt_copies` of each token), those of the own words copied from their own prompt,
-    which the third value then leaves out (empty without ``copied``)."""
+    sorted margins of the other never-seen tokens (the never-seen answers' own words: their names and facts); with
+    ``copied`` (:func:`prompt_copies` of each token), those of the own words copied from their own prompt, which the
+    third value then leaves out (empty without ``copied``); and the sorted deviations of the shared tokens from
+    their id's mean level (:attr:`NeverSeenLevels.spread`)."""
     margins, tokens = margins.detach().float().flatten(), tokens.flatten()
     shared = torch.isin(tokens, shared_ids.to(tokens.device))
     ids, inverse = torch.unique(tokens[shared], sorted=True, return_inverse=True)
     sums = torch.zeros(len(ids), dtype=torch.float32, device=margins.device).index_add_(0, inverse, margins[shared])
     counts = torch.bincount(inverse, minlength=len(ids)).float()
+    levels = sums / counts.clamp(min=1)
     from_prompt = torch.zeros_like(shared) if copied is None else copied.flatten().bool().to(shared.device) & ~shared
     own = ~shared & ~from_prompt
-    return ids, sums / counts.clamp(min=1), margins[own].sort().values, margins[from_prompt].sort().values
+    deviations = (margins[shared] - levels[inverse]).sort().values
+    return ids, levels, margins[own].sort().values, margins[from_prompt].sort().values, deviations
 
 
 def matched_thresholds(
     margins: torch.Tensor,
     calibration_margins: torch.Tensor,
     tokens: torch.Tensor | None = None,
-    levels: tuple[torch.Tensor, ...] | None = None,
+    levels: NeverSeenLevels | tuple[torch.Tensor, ...] | None = None,
     copied: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each forget token's never-seen counterpart. Without ``levels``: by rank (:func:`calibrated_thresholds`).
-    With ``levels`` (``(ids, values)`` of :func:`token_levels`, or ``(ids, values, copied margins)``) and the tokens'
-    ids (beyond the MASC paper): a token whose id the never-seen answers use too ("was", "born", the end of turn)
-    gets that id's never-seen level, the others (the forget answers' own names and facts) the never-seen answers'
-    own words' margin at their rank among themselves; with the copied margins and ``copied`` (:func:`prompt_copies`),
-    an own word repeated from its prompt is ranked among the never-seen words repeated from theirs."""
+    With ``levels`` (:class:`NeverSeenLevels`) and the tokens' ids (beyond the MASC paper): a token whose id the
+    never-seen answers use too ("was", "born", the end of turn) gets that id's never-seen level, plus, with
+    ``levels.spread``, the never-seen deviation from the level at the rank of its own deviation among this call's
+    shared tokens (never-seen answers' shared words are not all equally predictable: their low tail is part of what
+    Min-K% reads); the others (the forget answers' own names and facts) get the never-seen answers' own words'
+    margin at their rank among themselves; with ``levels.copied`` and ``copied`` (:func:`prompt_copies`), an own word
+    repeated from its prompt is ranked among the never-seen words repeated from theirs."""
     if levels is None or tokens is None:
         return calibrated_thresholds(margins, calibration_margins)
-    ids, values = (t.to(margins.device) for t in levels[:2])
+    levels = NeverSeenLevels(*levels).to(margins.device)
+    ids, values = levels.ids, levels.values
     tokens = tokens.to(margins.device)
     shared = torch.isin(tokens, ids)
     thresholds = torch.empty_like(margins, dtype=torch.float32)
-    thresholds[shared] = values[torch.searchsorted(ids, tokens[shared])]
+    shared_levels = values[torch.searchsorted(ids, tokens[shared])]
+    if levels.spread is not None and levels.spread.numel() and bool(shared.any()):
+        shared_levels = shared_levels + calibrated_thresholds(margins[shared] - shared_levels, levels.spread)
+    thresholds[shared] = shared_levels
     own = calibration_margins if calibration_margins.numel() else values
     from_prompt = torch.zeros_like(shared)
-    if len(levels) > 2 and copied is not None and levels[2].numel():
+    if levels.copied is not None and copied is not None and levels.copied.numel():
         from_prompt = copied.to(margins.device).bool() & ~shared
         if bool(from_prompt.any()):
-            thresholds[from_prompt] = calibrated_thresholds(margins[from_prompt], levels[2])
+            thresholds[from_prompt] = calibrated_thresholds(margins[from_prompt], levels.copied)
     rest = ~shared & ~from_prompt
     if bool(rest.any()):
         thresholds[rest] = calibrated_thresholds(margins[rest], own)
@@ -254,7 +280,7 @@ def calibration_gap(
     margins: torch.Tensor,
     calibration_margins: torch.Tensor,
     tokens: torch.Tensor | None = None,
-    levels: tuple[torch.Tensor, ...] | None = None,
+    levels: NeverSeenLevels | tuple[torch.Tensor, ...] | None = None,
     copied: torch.Tensor | None = None,
 ) -> float:
     """How much more familiar the forget answers look than never-seen ones: the mean, over the forget tokens, of

@@ -11,6 +11,7 @@ from transformers.utils import logging
 
 from ..data.examples import IGNORE_INDEX
 from .margin import (
+    NeverSeenLevels,
     masc_hinge,
     matched_thresholds,
     prompt_copies,
@@ -75,7 +76,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
     ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
     ``calibration_match="token"`` (beyond the paper) a token the never-seen answers also use is held to that
-    token's own never-seen level (:func:`~hf_unlearn.objectives.margin.matched_thresholds`); with
+    token's own never-seen level (``"token_spread"``: matched with the never-seen spread around it too;
+    :func:`~hf_unlearn.objectives.margin.matched_thresholds`); with
     ``calibration_match="prompt"`` (beyond the paper) an answer's own word that its question holds too
     (the author's name) is matched with the never-seen answers' words repeated from their questions
     (:func:`~hf_unlearn.objectives.margin.prompt_copies`).
@@ -91,8 +93,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     tau: float | torch.Tensor = config.masc_tau
     if config.masc_threshold == "calibration":
         copied = None
-        levels = inputs.calibration_levels
-        if levels is not None and len(levels) > 2 and inputs.input_ids is not None:  # calibration_match='prompt'
+        levels = None if inputs.calibration_levels is None else NeverSeenLevels(*inputs.calibration_levels)
+        if levels is not None and levels.copied is not None and inputs.input_ids is not None:  # 'prompt' matching
             copied = prompt_copies(inputs.input_ids, inputs.labels, inputs.attention_mask)[:, 1:][result.mask]
         thresholds = torch.zeros_like(result.margins)
         thresholds[result.mask] = matched_thresholds(

@@ -42,9 +42,10 @@ class LossInputs:
     ``calibration_margins`` (only for objectives registered with ``needs_calibration``): the restricted margins of
     every answer token of the calibration set (data of the same kind the model never trained on), measured under
     the current model at the last probe; with ``calibration_match='token'``, those of the never-seen answers' own
-    words, and ``calibration_levels`` the ``(ids, mean margins)`` of the token ids the forget answers share with them
-    (:func:`~hf_unlearn.objectives.margin.token_levels`), with ``calibration_match='prompt'`` also the sorted margins
-    of the never-seen answers' own words repeated from their prompt. ``input_ids``: the batch's tokens (unshifted).
+    words, and ``calibration_levels`` (a :class:`~hf_unlearn.objectives.margin.NeverSeenLevels`) the ids the forget
+    answers share with them, their mean margins and spread (:func:`~hf_unlearn.objectives.margin.token_levels`), with
+    ``calibration_match='prompt'`` also the sorted margins of the never-seen answers' own words repeated from their
+    prompt. ``input_ids``: the batch's tokens (unshifted).
     ``hyperparameters``: the values of the hyperparameters the
     objective declared in its registration, the defaults updated with the user's ``forget_loss_kwargs`` /
     ``retain_loss_kwargs``.

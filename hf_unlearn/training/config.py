@@ -126,9 +126,10 @@ class UnlearnConfig(TrainingArguments):
         calibration_match (`str`, *optional*, defaults to `"token"`):
             How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the never-seen
             margin at its rank), 'token' (beyond the paper: a token the never-seen answers use too gets that token's
-            never-seen margin, the forget answers' own words are matched by rank to theirs) or 'prompt' (beyond the
-            paper: as 'token', and an own word the question holds too, such as the author's name, is matched by rank
-            to the never-seen words repeated from their questions).
+            mean never-seen margin, the forget answers' own words are matched by rank to theirs), 'token_spread' (as
+            'token', plus the never-seen spread around each level, by rank) or 'prompt' (beyond the paper: as
+            'token', and an own word the question holds too, such as the author's name, is matched by rank to the
+            never-seen words repeated from their questions).
         competitor_source (`str`, *optional*, defaults to `"self"`):
             MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
             model, used for MUSE News).
@@ -357,7 +358,7 @@ class UnlearnConfig(TrainingArguments):
     )
     calibration_match: str = field(
         default="token",
-        metadata={"help": "How a forget token finds its never-seen match: 'rank', 'token' or 'prompt' (beyond it)."},
+        metadata={"help": "How a forget token finds its never-seen match: 'rank', 'token', 'token_spread', 'prompt'."},
     )
     competitor_source: str = field(
         default="self",

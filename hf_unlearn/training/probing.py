@@ -22,6 +22,7 @@ from transformers.utils import logging
 from ..data.pairing import model_inputs
 from ..evaluation.membership import membership_auc
 from ..objectives.margin import (
+    NeverSeenLevels,
     answer_probabilities,
     calibration_gap,
     exact_reproduction_bound,
@@ -144,9 +145,8 @@ class ProbeState:
         self.running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
         self.running_tokens: list[torch.Tensor] = []  # and their token ids
         self.running_copied: list[torch.Tensor] = []  # and whether their prompt holds them ('prompt' matching)
-        # calibration_match='token': (ids, mean never-seen margins) of the ids the forget answers share; 'prompt':
-        # also the sorted never-seen margins of the own words their prompts hold
-        self.calibration_levels: tuple[torch.Tensor, ...] | None = None
+        # calibration_match='token'/'prompt'/'token_spread': what the ids the forget answers share are matched with
+        self.calibration_levels: NeverSeenLevels | None = None
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
         self.calibration_latest: dict[str, float] = {}  # the last calibration measurement's rate and probability
         self.calibration_min_k: torch.Tensor | None = None  # its answers' Min-K% (calibration_auc_slack)
@@ -253,10 +253,13 @@ class ProbeState:
         if self.calibration_min_k is not None:
             exported["calibration_min_k"] = self.calibration_min_k.cpu().tolist()
         if self.calibration_levels is not None:
-            exported["calibration_level_ids"] = [float(t) for t in self.calibration_levels[0].cpu().tolist()]
-            exported["calibration_levels"] = self.calibration_levels[1].float().cpu().tolist()
-            if len(self.calibration_levels) > 2:
-                exported["calibration_copied_margins"] = self.calibration_levels[2].float().cpu().tolist()
+            levels = self.calibration_levels
+            exported["calibration_level_ids"] = [float(t) for t in levels.ids.cpu().tolist()]
+            exported["calibration_levels"] = levels.values.float().cpu().tolist()
+            if levels.copied is not None:
+                exported["calibration_copied_margins"] = levels.copied.float().cpu().tolist()
+            if levels.spread is not None:
+                exported["calibration_level_spread"] = levels.spread.float().cpu().tolist()
             exported["calibration_latest"] = [
                 self.calibration_latest.get("violation_rate_calibration", float("nan")),
                 self.calibration_latest.get("calibration_probability", float("nan")),
@@ -288,13 +291,14 @@ class ProbeState:
             self.calibration_min_k = torch.tensor(min_k, dtype=torch.float64)
         level_ids, levels = saved.pop("calibration_level_ids", None), saved.pop("calibration_levels", None)
         if level_ids is not None:
-            self.calibration_levels = (
-                torch.tensor(level_ids, dtype=torch.long, device=device),
-                torch.tensor(levels, dtype=torch.float32, device=device),
-            )
             copied_margins = saved.pop("calibration_copied_margins", None)
-            if copied_margins is not None:
-                self.calibration_levels += (torch.tensor(copied_margins, dtype=torch.float32, device=device),)
+            spread = saved.pop("calibration_level_spread", None)
+            self.calibration_levels = NeverSeenLevels(
+                torch.tensor(level_ids, dtype=torch.long),
+                torch.tensor(levels, dtype=torch.float32),
+                None if copied_margins is None else torch.tensor(copied_margins, dtype=torch.float32),
+                None if spread is None else torch.tensor(spread, dtype=torch.float32),
+            ).to(device)
         latest = saved.pop("calibration_latest", None)
         if latest is not None:
             self.calibration_latest = {
@@ -349,15 +353,16 @@ class ProbeState:
     def _measure_calibration(self) -> dict[str, torch.Tensor]:
         calibration = self._timed("calibration", self.sets.calibration)
         margins = calibration["margins"]
-        if self.args.calibration_match in ("token", "prompt"):
-            copied = calibration["copied"] if self.args.calibration_match == "prompt" else None
-            ids, levels, margins, copied_margins = token_levels(
+        match = self.args.calibration_match
+        if match in ("token", "prompt", "token_spread"):
+            copied = calibration["copied"] if match == "prompt" else None
+            ids, levels, margins, copied_margins, spread = token_levels(
                 margins, calibration["tokens"], self.sets.forget_ids, copied
             )
-            device = self.args.device
-            self.calibration_levels = (ids.to(device), levels.to(device))
-            if copied is not None:
-                self.calibration_levels += (copied_margins.to(device),)
+            spread = spread if match == "token_spread" else None
+            self.calibration_levels = NeverSeenLevels(
+                ids, levels, copied_margins if copied is not None else None, spread
+            ).to(self.args.device)
         self.calibration_margins = margins.sort().values.to(self.args.device)
         self.calibration_min_k = calibration["min_k"]
         self.calibration_latest = {
@@ -369,7 +374,7 @@ class ProbeState:
 
     def gap(self, forget: Mapping[str, torch.Tensor]) -> float:
         """The calibration gap of one probe's forget margins and tokens against the never-seen reference held now."""
-        levels = None if self.calibration_levels is None else tuple(t.cpu() for t in self.calibration_levels)
+        levels = None if self.calibration_levels is None else self.calibration_levels.to("cpu")
         return calibration_gap(
             forget["margins"], self.calibration_margins.cpu(), forget.get("tokens"), levels, forget.get("copied")
         )
