@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+from typing import Any
 
 from peft import PeftModel
 
@@ -21,6 +22,21 @@ from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.evaluation.bundle import qa_attack_scores
 from hf_unlearn.evaluation.membership import membership_auc
 from hf_unlearn.jobs.compare_setups import tofu_setting
+
+
+def tofu_sets(
+    tofu_dir: str, author_offset: int, num_retain_authors: int, num_calibration_authors: int, num_holdout_authors: int
+) -> tuple[Any, dict[str, list[dict]]]:
+    """A TOFU split as ``hf-unlearn compare --benchmark tofu`` builds it (its cached target), and its forget,
+    calibration and holdout records."""
+    cli = CompareArguments(
+        benchmark="tofu", tofu_dir=tofu_dir, author_offset=author_offset, seeds=[0],
+        num_retain_authors=num_retain_authors, num_calibration_authors=num_calibration_authors,
+        num_holdout_authors=num_holdout_authors,
+    )  # fmt: skip
+    setting = tofu_setting(cli)
+    roles = {"forget": "forget_records", "calibration": "calibration_records", "holdout": "holdout_records"}
+    return setting, {name: [dict(r) for r in getattr(setting, field)] for name, field in roles.items()}
 
 
 def main() -> None:
@@ -32,18 +48,11 @@ def main() -> None:
     parser.add_argument("--num_calibration_authors", type=int, default=2)
     parser.add_argument("--num_holdout_authors", type=int, default=2)
     args = parser.parse_args()
-    cli = CompareArguments(
-        benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[0],
-        num_retain_authors=args.num_retain_authors, num_calibration_authors=args.num_calibration_authors,
-        num_holdout_authors=args.num_holdout_authors,
+    setting, sets = tofu_sets(
+        args.tofu_dir, args.author_offset, args.num_retain_authors, args.num_calibration_authors,
+        args.num_holdout_authors,
     )  # fmt: skip
-    setting = tofu_setting(cli)
     tokenizer, target = setting.tokenizer, setting.target_model
-    sets = {
-        "forget": [dict(r) for r in setting.forget_records],
-        "calibration": [dict(r) for r in setting.calibration_records],
-        "holdout": [dict(r) for r in setting.holdout_records],
-    }
     start = qa_attack_scores(target, tokenizer, sets["calibration"])
     folder = os.path.join(args.run, "trajectory")
     steps = sorted(int(m.group(1)) for name in os.listdir(folder) if (m := re.fullmatch(r"step-(\d+)", name)))
