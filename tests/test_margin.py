@@ -305,3 +305,28 @@ def test_the_probe_measures_hand_margins_with_the_lm_head_on_the_answers_only(ar
         for e in examples
     ]
     assert measured["min_k"].tolist() == pytest.approx([sum(v) / len(v) for v in lowest], rel=1e-5)
+
+
+def test_id_spread_finds_a_function_words_missing_low_tail_that_pooled_spread_fills_with_names():
+    """calibration_match='id_spread' (beyond the paper) matches each shared word with its own id's never-seen spread,
+    ranked among the call's tokens of that id; 'token_spread' pools the spread over ids. A forget set whose function
+    word sits at its never-seen mean while its name piece has the spread the function word should have looks
+    never-seen pooled (the name's tails stand in for the function word's) and not per id. Never-seen answers matched
+    against themselves have no excess either way."""
+    from hf_unlearn.objectives.margin import calibration_gap, matched_thresholds, spread_by_id, token_levels
+
+    never_seen = torch.tensor([-5.0, 7.0, 2.0, 2.0])
+    never_seen_ids = torch.tensor([10, 10, 11, 11])  # "was": level 1, deviations -6, +6; a name piece: level 2, none
+    ids, levels, own, _, pooled = token_levels(never_seen, never_seen_ids, torch.tensor([10, 11]))
+    spread, offsets = spread_by_id(never_seen, never_seen_ids, ids, levels)
+    assert spread.tolist() == [-6.0, 6.0, 0.0, 0.0] and offsets.tolist() == [0, 2, 4]
+    per_id = NeverSeenLevels(ids, levels, None, spread, offsets)
+    pooled_levels = NeverSeenLevels(ids, levels, None, pooled)
+    forget = torch.tensor([1.0, 1.0, -4.0, 8.0])  # "was" twice at its mean; the name piece spread -6, +6
+    forget_ids = torch.tensor([10, 10, 11, 11])
+    assert calibration_gap(forget, own, forget_ids, pooled_levels) == pytest.approx(0.0, abs=1e-6)
+    assert matched_thresholds(forget, own, forget_ids, per_id).tolist() == [-5.0, 7.0, 2.0, 2.0]
+    assert calibration_gap(forget, own, forget_ids, per_id) == pytest.approx((6.0 + 6.0) / 4)
+    assert calibration_gap(never_seen, own, never_seen_ids, per_id) == pytest.approx(0.0, abs=1e-6)
+    # one occurrence of an id in the call: its never-seen median (deviation 0 here), whatever its own deviation
+    assert matched_thresholds(torch.tensor([9.0]), own, torch.tensor([10]), per_id).tolist() == [1.0]

@@ -10,7 +10,13 @@ from conftest import forget_set, hand_answer_probability, make_example, make_tin
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data.pairing import pad_examples
-from hf_unlearn.objectives.margin import NeverSeenLevels, calibration_gap, measure_violations, token_levels
+from hf_unlearn.objectives.margin import (
+    NeverSeenLevels,
+    calibration_gap,
+    measure_violations,
+    spread_by_id,
+    token_levels,
+)
 
 FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
@@ -31,7 +37,14 @@ def fresh(state):
 
 @pytest.mark.parametrize(
     ("reference", "match"),
-    [("start", "rank"), ("current", "rank"), ("start", "token"), ("start", "prompt"), ("start", "token_spread")],
+    [
+        ("start", "rank"),
+        ("current", "rank"),
+        ("start", "token"),
+        ("start", "prompt"),
+        ("start", "token_spread"),
+        ("start", "id_spread"),
+    ],
 )
 def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
     tmp_path, memorized_llama_state, reference, match
@@ -77,8 +90,16 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
                 start_margins["margins"], start_margins["tokens"], trainer.probes.sets.forget_ids, repeated
             )
             assert len(ids) > 0 and len(own) > 0 and trainer.probes.calibration_levels[0].tolist() == ids.tolist()
+            offsets = None
+            if match == "id_spread":  # each id's own never-seen spread
+                spread, offsets = spread_by_id(start_margins["margins"], start_margins["tokens"], ids, values)
+                assert (offsets[1:] - offsets[:-1]).max() > 1  # some id occurs more than once: a spread to match
             levels = NeverSeenLevels(
-                ids, values, copied if match == "prompt" else None, spread if match == "token_spread" else None
+                ids,
+                values,
+                copied if match == "prompt" else None,
+                spread if match in ("token_spread", "id_spread") else None,
+                offsets,
             )
         by_hand = [
             calibration_gap(m["margins"], own, m["tokens"], levels, m.get("copied") if match == "prompt" else None)
@@ -386,18 +407,20 @@ def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "calibrated", [False, True, "min_k", "spread"], ids=["alpha", "calibrated", "calibrated+min_k", "token_spread"]
+    "calibrated",
+    [False, True, "min_k", "token_spread", "id_spread"],
+    ids=["alpha", "calibrated", "calibrated+min_k", "token_spread", "id_spread"],
 )
 def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state, calibrated):
     """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over, and with
     the calibrated target the never-seen margins last measured (the hinge's thresholds between refreshes) and, with
     calibration_auc_slack, their answers' Min-K% (measured once at the start, read at the stop); with 'token_spread'
-    the spread around each shared token's level."""
+    the spread around each shared token's level, with 'id_spread' each id's own."""
     common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=3)
     if calibrated == "min_k":
         common["calibration_auc_slack"] = 0.1
-    if calibrated == "spread":  # the never-seen spread around each shared level is carried over too
-        common["calibration_match"] = "token_spread"
+    if calibrated in ("token_spread", "id_spread"):  # the never-seen spread around each shared level carries over too
+        common["calibration_match"] = calibrated
     calibration = {"calibration_dataset": NEVER_SEEN} if calibrated else {}
     first = UnlearnTrainer(
         fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN, **calibration

@@ -206,12 +206,15 @@ class NeverSeenLevels(NamedTuple):
     never-seen margins of own words copied from their prompt (``copied``); with ``spread`` the sorted deviations of
     the never-seen shared tokens from their id's mean, so that shared tokens are matched to the never-seen
     *distribution* of their id (its mean plus the deviation at their rank), not held at its mean. A plain tuple of
-    the first fields is read the same way."""
+    the first fields is read the same way. With ``spread_offsets`` (``calibration_match='id_spread'``) ``spread`` holds
+    each id's own deviations, grouped in the order of ``ids``, id ``i``'s from ``spread_offsets[i]`` to
+    ``spread_offsets[i + 1]`` (:func:`spread_by_id`)."""
 
     ids: torch.Tensor
     values: torch.Tensor
     copied: torch.Tensor | None = None
     spread: torch.Tensor | None = None
+    spread_offsets: torch.Tensor | None = None
 
     def to(self, device: Any) -> NeverSeenLevels:
         return NeverSeenLevels(*(None if t is None else t.to(device) for t in self))
@@ -238,6 +241,52 @@ def token_levels(
     return ids, levels, margins[own].sort().values, margins[from_prompt].sort().values, deviations
 
 
+def _grouped_order(values: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """The order that sorts by group, and by value within each group."""
+    by_value = torch.argsort(values, stable=True)
+    return by_value[torch.argsort(groups[by_value], stable=True)]
+
+
+def spread_by_id(
+    margins: torch.Tensor, tokens: torch.Tensor, ids: torch.Tensor, levels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each shared id's own never-seen spread (beyond the MASC paper; ``calibration_match='id_spread'``): the
+    never-seen margins of the ids in ``ids`` (sorted, as :func:`token_levels` gives them, with their mean ``levels``)
+    minus their id's level, sorted within each id and grouped in the order of ``ids``, and where each id's group
+    starts (``offsets``, one longer than ``ids``). Pooled over ids (``'token_spread'``), a function word's missing low
+    tail can be supplied by name pieces; per id, "was" is matched with how never-seen answers spread "was"."""
+    margins, tokens = margins.detach().float().flatten(), tokens.flatten().to(margins.device)
+    ids, levels = ids.to(margins.device), levels.to(margins.device)
+    shared = torch.isin(tokens, ids)
+    groups = torch.searchsorted(ids, tokens[shared])
+    deviations = margins[shared] - levels[groups]
+    counts = torch.bincount(groups, minlength=len(ids))
+    return deviations[_grouped_order(deviations, groups)], torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
+def deviations_by_id(
+    deviations: torch.Tensor, groups: torch.Tensor, spread: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """Each forget deviation's never-seen counterpart within its own id (``groups``: the index of each one's id):
+    ranked among this call's n deviations of the same id, the id's never-seen deviation (:func:`spread_by_id`) at
+    the quantile rank / (n - 1), as :func:`calibrated_thresholds` ranks (torch's linear interpolation; an id that
+    occurs once gets its never-seen median), so that never-seen answers matched against themselves have no excess."""
+    order = _grouped_order(deviations, groups)
+    counts = torch.bincount(groups, minlength=len(offsets) - 1)
+    starts = counts.cumsum(0) - counts
+    ranks = torch.empty_like(groups)
+    ranks[order] = torch.arange(len(groups), device=groups.device) - starts[groups[order]]
+    count = counts[groups].float()
+    positions = torch.where(count > 1, ranks.float() / (count - 1).clamp(min=1), torch.full_like(count, 0.5))
+    sizes = (offsets[1:] - offsets[:-1])[groups]
+    exact = positions * (sizes - 1).float()
+    low = exact.floor().long()
+    high = torch.minimum(low + 1, sizes - 1)
+    first = offsets[:-1][groups]
+    fraction = exact - low.float()
+    return spread[first + low] * (1 - fraction) + spread[first + high] * fraction
+
+
 def matched_thresholds(
     margins: torch.Tensor,
     calibration_margins: torch.Tensor,
@@ -250,9 +299,11 @@ def matched_thresholds(
     never-seen answers use too ("was", "born", the end of turn) gets that id's never-seen level, plus, with
     ``levels.spread``, the never-seen deviation from the level at the rank of its own deviation among this call's
     shared tokens (never-seen answers' shared words are not all equally predictable: their low tail is part of what
-    Min-K% reads); the others (the forget answers' own names and facts) get the never-seen answers' own words'
-    margin at their rank among themselves; with ``levels.copied`` and ``copied`` (:func:`prompt_copies`), an own word
-    repeated from its prompt is ranked among the never-seen words repeated from theirs."""
+    Min-K% reads), or with ``levels.spread_offsets`` among this call's tokens of the same id, against that id's own
+    never-seen deviations (:func:`deviations_by_id`); the others (the forget answers' own names and facts) get the
+    never-seen answers' own words' margin at their rank among themselves; with ``levels.copied`` and ``copied``
+    (:func:`prompt_copies`), an own word repeated from its prompt is ranked among the never-seen words repeated from
+    theirs."""
     if levels is None or tokens is None:
         return calibrated_thresholds(margins, calibration_margins)
     levels = NeverSeenLevels(*levels).to(margins.device)
@@ -260,9 +311,14 @@ def matched_thresholds(
     tokens = tokens.to(margins.device)
     shared = torch.isin(tokens, ids)
     thresholds = torch.empty_like(margins, dtype=torch.float32)
-    shared_levels = values[torch.searchsorted(ids, tokens[shared])]
+    groups = torch.searchsorted(ids, tokens[shared])
+    shared_levels = values[groups]
     if levels.spread is not None and levels.spread.numel() and bool(shared.any()):
-        shared_levels = shared_levels + calibrated_thresholds(margins[shared] - shared_levels, levels.spread)
+        deviations = margins[shared] - shared_levels
+        if levels.spread_offsets is None:
+            shared_levels = shared_levels + calibrated_thresholds(deviations, levels.spread)
+        else:
+            shared_levels = shared_levels + deviations_by_id(deviations, groups, levels.spread, levels.spread_offsets)
     thresholds[shared] = shared_levels
     own = calibration_margins if calibration_margins.numel() else values
     from_prompt = torch.zeros_like(shared)

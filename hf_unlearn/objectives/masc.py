@@ -76,7 +76,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
     ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
     ``calibration_match="token"`` (beyond the paper) a token the never-seen answers also use is held to that
-    token's own never-seen level (``"token_spread"``: matched with the never-seen spread around it too;
+    token's own never-seen level (``"token_spread"``: matched with the never-seen spread around it too,
+    ``"id_spread"``: with the spread of its own id;
     :func:`~hf_unlearn.objectives.margin.matched_thresholds`); with
     ``calibration_match="prompt"`` (beyond the paper) an answer's own word that its question holds too
     (the author's name) is matched with the never-seen answers' words repeated from their questions

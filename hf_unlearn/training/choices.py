@@ -31,7 +31,7 @@ FORGET_SCORINGS = ("answer", "continuation")
 STOP_TARGETS = ("auto", "alpha", "calibration")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 MASC_HINGES = ("one_sided", "two_sided")
-CALIBRATION_MATCHES = ("rank", "token", "prompt", "token_spread")
+CALIBRATION_MATCHES = ("rank", "token", "prompt", "token_spread", "id_spread")
 RETAIN_PROBES = ("screen", "every_probe")
 CALIBRATION_REFERENCES = ("start", "current")
 #: Every registered method that does not stop itself, in registration order: `hf-unlearn compare`'s baselines (MASC

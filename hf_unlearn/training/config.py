@@ -11,7 +11,7 @@ from transformers.utils import logging
 
 from ..objectives.margin import threshold_from_probability
 from ..surgery.combine import STRATEGIES
-from .choices import CUSTOM_METHOD, METHODS
+from .choices import CALIBRATION_MATCHES, CUSTOM_METHOD, METHODS
 from .config_checks import (
     check_backends,
     check_baselines,
@@ -127,9 +127,9 @@ class UnlearnConfig(TrainingArguments):
             How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the never-seen
             margin at its rank), 'token' (beyond the paper: a token the never-seen answers use too gets that token's
             mean never-seen margin, the forget answers' own words are matched by rank to theirs), 'token_spread' (as
-            'token', plus the never-seen spread around each level, by rank) or 'prompt' (beyond the paper: as
-            'token', and an own word the question holds too, such as the author's name, is matched by rank to the
-            never-seen words repeated from their questions).
+            'token', plus the never-seen spread around each level, by rank), 'id_spread' (each id's own spread) or
+            'prompt' (as 'token', and an own word the question holds too, such as the author's name, is matched by
+            rank to the never-seen words repeated from their questions). All but 'rank' are beyond the paper.
         competitor_source (`str`, *optional*, defaults to `"self"`):
             MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
             model, used for MUSE News).
@@ -358,7 +358,7 @@ class UnlearnConfig(TrainingArguments):
     )
     calibration_match: str = field(
         default="token",
-        metadata={"help": "How a forget token finds its never-seen match: 'rank', 'token', 'token_spread', 'prompt'."},
+        metadata={"help": "How a forget token finds its never-seen match: " + ", ".join(CALIBRATION_MATCHES) + "."},
     )
     competitor_source: str = field(
         default="self",

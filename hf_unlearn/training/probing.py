@@ -30,6 +30,7 @@ from ..objectives.margin import (
     prompt_copies,
     restricted_margin,
     shift_for_causal_lm,
+    spread_by_id,
     token_levels,
     violation_fractions,
 )
@@ -260,6 +261,8 @@ class ProbeState:
                 exported["calibration_copied_margins"] = levels.copied.float().cpu().tolist()
             if levels.spread is not None:
                 exported["calibration_level_spread"] = levels.spread.float().cpu().tolist()
+            if levels.spread_offsets is not None:
+                exported["calibration_level_spread_offsets"] = [float(t) for t in levels.spread_offsets.cpu().tolist()]
             exported["calibration_latest"] = [
                 self.calibration_latest.get("violation_rate_calibration", float("nan")),
                 self.calibration_latest.get("calibration_probability", float("nan")),
@@ -293,11 +296,13 @@ class ProbeState:
         if level_ids is not None:
             copied_margins = saved.pop("calibration_copied_margins", None)
             spread = saved.pop("calibration_level_spread", None)
+            offsets = saved.pop("calibration_level_spread_offsets", None)
             self.calibration_levels = NeverSeenLevels(
                 torch.tensor(level_ids, dtype=torch.long),
                 torch.tensor(levels, dtype=torch.float32),
                 None if copied_margins is None else torch.tensor(copied_margins, dtype=torch.float32),
                 None if spread is None else torch.tensor(spread, dtype=torch.float32),
+                None if offsets is None else torch.tensor(offsets, dtype=torch.long),
             ).to(device)
         latest = saved.pop("calibration_latest", None)
         if latest is not None:
@@ -354,15 +359,22 @@ class ProbeState:
         calibration = self._timed("calibration", self.sets.calibration)
         margins = calibration["margins"]
         match = self.args.calibration_match
-        if match in ("token", "prompt", "token_spread"):
+        if match in ("token", "prompt", "token_spread", "id_spread"):
             copied = calibration["copied"] if match == "prompt" else None
-            ids, levels, margins, copied_margins, spread = token_levels(
+            ids, levels, own_margins, copied_margins, spread = token_levels(
                 margins, calibration["tokens"], self.sets.forget_ids, copied
             )
-            spread = spread if match == "token_spread" else None
+            offsets = None
+            if match == "id_spread":
+                spread, offsets = spread_by_id(margins, calibration["tokens"], ids, levels)
             self.calibration_levels = NeverSeenLevels(
-                ids, levels, copied_margins if copied is not None else None, spread
+                ids,
+                levels,
+                copied_margins if copied is not None else None,
+                spread if match in ("token_spread", "id_spread") else None,
+                offsets,
             ).to(self.args.device)
+            margins = own_margins
         self.calibration_margins = margins.sort().values.to(self.args.device)
         self.calibration_min_k = calibration["min_k"]
         self.calibration_latest = {
