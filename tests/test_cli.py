@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 
 import pytest
 import yaml
@@ -346,3 +347,25 @@ def test_a_lora_run_saved_in_one_folder_loads_elsewhere(tmp_path, local_model_an
     assert status == 0
     assert f"The base model {work / 'moved'} does not hold the weights" in caplog.text
     assert "SHA-256 of model.safetensors differs" in caplog.text
+
+
+def test_a_bare_peft_adapter_folder_takes_its_base_models_tokenizer(tmp_path, local_model_and_data):
+    """PEFT's ``save_pretrained`` writes an adapter without a tokenizer: `eval` (and every command that loads a
+    model) takes the base model's tokenizer instead of refusing the folder, and measures what the base measures
+    (a fresh LoRA adapter changes nothing)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    root = local_model_and_data
+    model = AutoModelForCausalLM.from_pretrained(root / "model")
+    get_peft_model(model, LoraConfig(r=4, target_modules=["c_attn"])).save_pretrained(tmp_path / "adapter")
+    assert not [name for name in os.listdir(tmp_path / "adapter") if name.startswith("tokenizer")]
+    measure = ["eval", "--forget_data", str(root / "forget.json"), "--max_examples", "3"]
+    adapter = ["--model_name_or_path", str(tmp_path / "adapter"), "--base_model", str(root / "model")]
+    assert main(measure + adapter + ["--output_dir", str(tmp_path / "on-adapter")]) == 0
+    base = ["--model_name_or_path", str(root / "model"), "--output_dir", str(tmp_path / "on-base")]
+    assert main(measure + base) == 0
+    on_adapter, on_base = (
+        json.loads((tmp_path / folder / "eval.json").read_text())["forget"] for folder in ("on-adapter", "on-base")
+    )
+    assert on_adapter == on_base

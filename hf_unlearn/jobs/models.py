@@ -32,22 +32,27 @@ def load_model_and_tokenizer(
 
     A name that looks like a local path must exist, and a local model folder must hold a model (``config.json`` or
     a PEFT ``adapter_config.json``) and, unless ``tokenizer_name`` says where it is, a tokenizer: each is named in
-    the error. ``load_in_4bit`` loads the base in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
+    the error; a LoRA adapter folder without a tokenizer takes its base model's. ``load_in_4bit`` loads the base
+    in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
     A LoRA adapter folder is merged into its base (:func:`adapter_base`): ``base_model`` when given, else the one its
     ``adapter_config.json`` names.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    adapter = os.path.isfile(os.path.join(name, "adapter_config.json")) and not load_in_4bit
+    base = adapter_base(name, base_model) if adapter else None
+    if base is not None and tokenizer_name is None and not set(os.listdir(name)) & set(TOKENIZER_FILES):
+        # PEFT's save_pretrained writes the adapter alone: its tokenizer is its base model's.
+        tokenizer_name = base
+        logger.info(f"{name} holds a LoRA adapter without a tokenizer: using its base model's, {base}.")
     check_model_location(name, tokenizer_name)
     if tokenizer_name is not None:
         check_model_location(tokenizer_name, None, need_model=False)
-    adapter = os.path.isfile(os.path.join(name, "adapter_config.json")) and not load_in_4bit
     if base_model is not None and not adapter:
         raise ValueError(
             f"--base_model {base_model!r} is the base of a LoRA adapter folder, but {name!r} holds no adapter "
             "(no adapter_config.json): leave --base_model out."
         )
-    base = adapter_base(name, base_model) if adapter else None
     extra: dict[str, Any] = {}
     if load_in_4bit:
         from ..robustness.quantize import quantization_config
