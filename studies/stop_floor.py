@@ -185,18 +185,18 @@ def main() -> None:
     authors = [r.get("author", i) for i, r in enumerate(calibration_records)]
     rows: list[dict[str, Any]] = []
 
-    def read(name: str, model: Any, sets: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    def read(model: Any, sets: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         model.eval()
         return {s: margins_of(model, examples[s], pad, config) for s in sets}
 
-    target = read("target", setting.target_model, ("forget", "calibration", "holdout"))
-    never = read("never-trained", setting.reference_model, ("forget", "calibration", "holdout"))
+    target = read(setting.target_model, ("forget", "calibration", "holdout"))
+    never = read(setting.reference_model, ("forget", "calibration", "holdout"))
     cal = target["calibration"]
     base = None
     if args.benchmark == "tofu":
         from hf_unlearn.benchmarks.pretrained import load_smollm2
 
-        base = read("pretrained", load_smollm2()[0], ("forget", "calibration", "holdout"))
+        base = read(load_smollm2()[0], ("forget", "calibration", "holdout"))
     pieces = by_example(cal)
     assert len(pieces) == len(authors), "an example without answer tokens"
     for match in MATCHES:
@@ -230,7 +230,7 @@ def main() -> None:
         base = setting.target_model
         for step in (s for s in steps if s % args.every == 0):
             model = PeftModel.from_pretrained(base, os.path.join(folder, f"step-{step}")).eval()
-            measured = read(str(step), model, ("forget", "holdout", "calibration"))
+            measured = read(model, ("forget", "holdout", "calibration"))
             now = by_example(measured["calibration"])
             entry: dict[str, Any] = {"step": step}
             for match in MATCHES:

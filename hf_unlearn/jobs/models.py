@@ -41,7 +41,7 @@ def load_model_and_tokenizer(
 
     adapter = os.path.isfile(os.path.join(name, "adapter_config.json")) and not load_in_4bit
     base = adapter_base(name, base_model) if adapter else None
-    if base is not None and tokenizer_name is None and not set(os.listdir(name)) & set(TOKENIZER_FILES):
+    if base is not None and tokenizer_name is None and not holds_tokenizer(name):
         # PEFT's save_pretrained writes the adapter alone: its tokenizer is its base model's.
         tokenizer_name = base
         logger.info(f"{name} holds a LoRA adapter without a tokenizer: using its base model's, {base}.")
@@ -146,6 +146,11 @@ def earlier_requests_of(name: str) -> list[dict[str, Any]] | None:
         return None
 
 
+def holds_tokenizer(folder: str) -> bool:
+    """Whether the local folder holds a tokenizer's files (:data:`TOKENIZER_FILES`)."""
+    return bool(set(os.listdir(folder)) & set(TOKENIZER_FILES))
+
+
 def check_model_location(name: str, tokenizer_name: str | None, need_model: bool = True) -> None:
     """Tell a missing local folder, a folder without a model and one without a tokenizer apart from a Hub id."""
     path = os.path.expanduser(name)
@@ -159,7 +164,7 @@ def check_model_location(name: str, tokenizer_name: str | None, need_model: bool
             f"{name!r} is a folder but holds no model (no config.json or adapter_config.json). Save one there with "
             "model.save_pretrained(folder), or point at the folder that holds it."
         )
-    if tokenizer_name is None and not files & set(TOKENIZER_FILES):
+    if tokenizer_name is None and not holds_tokenizer(path):
         raise FileNotFoundError(
             f"{name!r} holds {'a model but ' if need_model else ''}no tokenizer "
             f"(none of {', '.join(TOKENIZER_FILES)}). "

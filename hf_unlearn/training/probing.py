@@ -359,7 +359,7 @@ class ProbeState:
         calibration = self._timed("calibration", self.sets.calibration)
         margins = calibration["margins"]
         match = self.args.calibration_match
-        if match in ("token", "prompt", "token_spread", "id_spread"):
+        if match != "rank":  # every other match holds the ids the never-seen answers share with the forget set
             copied = calibration["copied"] if match == "prompt" else None
             ids, levels, own_margins, copied_margins, spread = token_levels(
                 margins, calibration["tokens"], self.sets.forget_ids, copied
