@@ -54,6 +54,38 @@ def test_suppressed_knowledge_comes_back_and_the_reference_is_not_flagged(models
         reference, tokenizer, forget, reference_model=reference, steps=10, learning_rate=1e-3
     )
     assert same["excess_rouge_l_recall"] == pytest.approx(0.0, abs=1e-9) and same["knowledge_returned"] is False
+    assert same["excess_probability"] == pytest.approx(0.0, abs=1e-9) and same["likelihood_returned"] is False
+    # The answers' probability is judged beside ROUGE-L, against the reference's after the same relearning.
+    ends = result["curve"][-1]["probability"], result["reference_curve"][-1]["probability"]
+    assert result["excess_probability"] == pytest.approx(ends[0] - ends[1], abs=1e-12)
+    assert result["likelihood_returned"] is (result["excess_probability"] > 0.1)
+    start_p = result["curve"][0]["probability"]
+    assert result["probability_recovered_fraction"] == pytest.approx(
+        (ends[0] - start_p) / (result["target"]["probability"] - start_p), abs=1e-12
+    )
+
+
+def test_likelihood_can_come_back_while_the_greedy_answers_stay_wrong():
+    """The case measured on SmolLM2 + TOFU (docs/studies/relearning_sam.md): ROUGE-L 0.03 above the reference after
+    relearning, probability 0.5 above it. The ROUGE-L verdict stays clean, the likelihood one does not, and the
+    sweep's record and tables say so."""
+    from hf_unlearn.robustness.relearn import compare_relearned, likelihood_sentence
+
+    start = {"rouge_l_recall": 0.20, "probability": 0.07}
+    end = {"rouge_l_recall": 0.33, "probability": 0.62}
+    reference = {"rouge_l_recall": 0.30, "probability": 0.12}
+    target = {"rouge_l_recall": 0.70, "probability": 0.97}
+    cell = compare_relearned(start, end, reference, target)
+    assert cell["knowledge_returned"] is False and cell["excess_rouge_l_recall"] == pytest.approx(0.03)
+    assert cell["likelihood_returned"] is True and cell["excess_probability"] == pytest.approx(0.50)
+    assert cell["recovered_fraction"] == pytest.approx(0.13 / 0.50)
+    assert cell["probability_recovered_fraction"] == pytest.approx(0.55 / 0.90)
+    # Without a reference the comparison is the model's own start; without a target there is no share.
+    alone = compare_relearned(start, end, None, None)
+    assert alone["excess_probability"] == pytest.approx(0.55) and alone["probability_recovered_fraction"] is None
+    sentence = likelihood_sentence({**cell, "compared_with": "the reference"})
+    assert sentence.startswith("The answers' likelihood came back") and "+0.500" in sentence
+    assert likelihood_sentence({"compared_with": "x"}) == ""  # a record written before the likelihood was judged
 
 
 def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
@@ -94,6 +126,8 @@ def test_sweep_reports_the_worst_case_of_the_grid(models):
         )
         assert row["excess_rouge_l_recall"] == pytest.approx(alone["excess_rouge_l_recall"], abs=1e-12)
         assert row["recovered_fraction"] == pytest.approx(alone["recovered_fraction"], abs=1e-12)
+        assert row["excess_probability"] == pytest.approx(alone["excess_probability"], abs=1e-12)
+        assert row["likelihood_returned"] is alone["likelihood_returned"]
     excess = [row["excess_rouge_l_recall"] for row in sweep["grid"]]
     assert len(set(excess)) > 1  # the grid's cells differ, so picking the worst is a choice
     assert sweep["worst"]["excess_rouge_l_recall"] == max(excess)
@@ -101,6 +135,10 @@ def test_sweep_reports_the_worst_case_of_the_grid(models):
     record = sweep_record(sweep)
     assert record["excess_rouge_l_recall"] == max(excess) and record["knowledge_returned"] is True
     assert "Worst case: lr" in sweep_table(sweep) and "attacks" not in record["sweep"]
+    excess_p = [row["excess_probability"] for row in sweep["grid"]]
+    assert record["excess_probability"] == sweep["largest_excess_probability"] == max(excess_p)
+    assert record["likelihood_returned"] is sweep["likelihood_returned"] is any(e > 0.1 for e in excess_p)
+    assert f"{max(excess_p):+.3f} above" in sweep_table(sweep)
 
 
 def test_cli_relearn_check_sweep_on_related_text(models, tmp_path):

@@ -87,7 +87,13 @@ def run_audit(
     relearning attack over :func:`~hf_unlearn.robustness.relearn.relearning_sweep`'s default grid instead of
     ``relearn_steps`` / ``relearn_learning_rate``, judged by its worst case."""
     from .quantize import check_quantization_robustness
-    from .relearn import RELEARN_THRESHOLD, check_relearning_robustness, relearning_sweep, sweep_record
+    from .relearn import (
+        RELEARN_PROBABILITY_THRESHOLD,
+        RELEARN_THRESHOLD,
+        check_relearning_robustness,
+        relearning_sweep,
+        sweep_record,
+    )
 
     quantization = check_quantization_robustness(
         model, tokenizer, forget_records, retain_records, modes=tuple(modes), prompt_template=prompt_template
@@ -104,11 +110,13 @@ def run_audit(
         attack = f"after {relearn_steps} steps"
     verdicts = {
         "quantization": quantization_verdict(quantization, modes),
+        # Failed when the greedy answers or only their likelihood came back: a membership attack reads the latter.
         "relearning": {
-            "passed": not relearning["knowledge_returned"],
-            "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L against {relearning['compared_with']} "
+            "passed": not (relearning["knowledge_returned"] or relearning["likelihood_returned"]),
+            "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L and "
+            f"{relearning['excess_probability']:+.3f} answer probability against {relearning['compared_with']} "
             + attack,
-            "threshold": f"more than +{RELEARN_THRESHOLD} ROUGE-L",
+            "threshold": f"more than +{RELEARN_THRESHOLD} ROUGE-L or +{RELEARN_PROBABILITY_THRESHOLD} probability",
         },
     }
     result: dict[str, Any] = {"quantization": quantization, "relearning": relearning, "verdicts": verdicts}
