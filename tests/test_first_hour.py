@@ -252,7 +252,19 @@ def test_model_folder_without_tokenizer_or_weights_says_which(capsys, user, tmp_
     args[args.index("--model_name_or_path") + 1] = no_tokenizer
     status, error = run_cli(capsys, *args)
     assert status == 1 and "holds a model but no tokenizer" in error and "tokenizer.save_pretrained" in error
-    assert "sentencepiece" not in error
+    assert "sentencepiece" not in error and "--tokenizer_name_or_path PATH" in error
+    # eval has no tokenizer option: its error offers only what it can do.
+    status, error = run_cli(
+        capsys,
+        "eval",
+        "--model_name_or_path",
+        no_tokenizer,
+        "--forget_data",
+        user / "forget.jsonl",
+        "--output_dir",
+        tmp_path / "e",
+    )
+    assert status == 1 and "holds a model but no tokenizer" in error and "--tokenizer_name_or_path" not in error
     status, error = run_cli(capsys, *args, "--tokenizer_name_or_path", user / "model", "--output_dir", tmp_path / "o")
     assert status == 0, error
     empty = tmp_path / "empty-folder"

@@ -27,12 +27,14 @@ def load_model_and_tokenizer(
     load_in_4bit: bool = False,
     tokenizer_name: str | None = None,
     base_model: str | None = None,
+    tokenizer_option: str | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal LM and its tokenizer by local path or Hub id (no remote code unless asked).
 
     A name that looks like a local path must exist, and a local model folder must hold a model (``config.json`` or
     a PEFT ``adapter_config.json``) and, unless ``tokenizer_name`` says where it is, a tokenizer: each is named in
-    the error; a LoRA adapter folder without a tokenizer takes its base model's. ``load_in_4bit`` loads the base
+    the error (with ``tokenizer_option``, the command's option for a tokenizer elsewhere); a LoRA adapter folder
+    without a tokenizer takes its base model's. ``load_in_4bit`` loads the base
     in NF4 through bitsandbytes, for QLoRA (pass a LoRA ``peft_config``).
     A LoRA adapter folder is merged into its base (:func:`adapter_base`): ``base_model`` when given, else the one its
     ``adapter_config.json`` names.
@@ -45,7 +47,7 @@ def load_model_and_tokenizer(
         # PEFT's save_pretrained writes the adapter alone: its tokenizer is its base model's.
         tokenizer_name = base
         logger.info(f"{name} holds a LoRA adapter without a tokenizer: using its base model's, {base}.")
-    check_model_location(name, tokenizer_name)
+    check_model_location(name, tokenizer_name, tokenizer_option=tokenizer_option)
     if tokenizer_name is not None:
         check_model_location(tokenizer_name, None, need_model=False)
     if base_model is not None and not adapter:
@@ -151,8 +153,12 @@ def holds_tokenizer(folder: str) -> bool:
     return bool(set(os.listdir(folder)) & set(TOKENIZER_FILES))
 
 
-def check_model_location(name: str, tokenizer_name: str | None, need_model: bool = True) -> None:
-    """Tell a missing local folder, a folder without a model and one without a tokenizer apart from a Hub id."""
+def check_model_location(
+    name: str, tokenizer_name: str | None, need_model: bool = True, tokenizer_option: str | None = None
+) -> None:
+    """Tell a missing local folder, a folder without a model and one without a tokenizer apart from a Hub id.
+    ``tokenizer_option``: the command's option that names a tokenizer elsewhere, offered in the error (only
+    ``run`` has one)."""
     path = os.path.expanduser(name)
     if looks_like_path(name) and not os.path.exists(path):
         raise missing_path_error(name, "The model folder" if need_model else "The tokenizer folder")
@@ -168,8 +174,8 @@ def check_model_location(name: str, tokenizer_name: str | None, need_model: bool
         raise FileNotFoundError(
             f"{name!r} holds {'a model but ' if need_model else ''}no tokenizer "
             f"(none of {', '.join(TOKENIZER_FILES)}). "
-            f"Save it beside the weights with tokenizer.save_pretrained({name!r}), or name where it is "
-            "(--tokenizer_name_or_path)."
+            f"Save it beside the weights with tokenizer.save_pretrained({name!r})"
+            + (f", or name where it is ({tokenizer_option} PATH)." if tokenizer_option else ".")
         )
 
 

@@ -25,7 +25,7 @@ from ..training.output_dir import prepare_output_dir, resolve_resume
 from ..training.record import UnlearnRecord
 from ..training.reference import zero3_partitioned
 from ..training.trainer import UnlearnTrainer
-from .models import build_trainer, check_model_location, earlier_requests_of, load_model_and_tokenizer
+from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
 from .utility import LmEvalRequest, lm_eval_request
 
 logger = logging.get_logger(__name__)
@@ -307,13 +307,13 @@ def run_unlearning_job(run_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     prepare_output_dir(config.output_dir, config.overwrite_output_dir, resuming=resume is not None)
     lm_eval = lm_eval_request(run_args, config.output_dir)  # a missing extra or unknown task: said before any work
-    check_model_location(run_args.model_name_or_path, run_args.tokenizer_name_or_path)
     model, tokenizer = load_model_and_tokenizer(
         run_args.model_name_or_path,
         run_args.trust_remote_code,
         run_args.torch_dtype,
         run_args.load_in_4bit,
         tokenizer_name=run_args.tokenizer_name_or_path,
+        tokenizer_option="--tokenizer_name_or_path",
     )
     peft_config = lora_config(run_args.lora_r, run_args.lora_target_modules)
     if peft_config is None and run_args.load_in_4bit:
