@@ -121,13 +121,7 @@ class UnlearnTrainer(Trainer):
         args = resolved_for_data(args, calibration_dataset is not None)
         if processing_class is not None:
             ensure_pad_token(processing_class)
-        # A local base is named by its absolute path.
-        model = prepare_model(anchored_base(model), args, peft_config, self._objectives())
-        if ref_model is None and any(objective.needs_reference(args) for objective in self._objectives()):
-            ref_model = make_reference(model, is_peft_model(model), args.reference_dtype)
-        if ref_model is not None and ref_model is not ZERO3_COPY:
-            ref_model.eval().requires_grad_(False)
-        self.ref_model = ref_model
+        model = self._prepare_model_and_reference(model, args, peft_config, ref_model)
         # What evaluate() measures: the forget and retain records as given (question/answer columns kept).
         self.forget_records = train_dataset
         self.retain_records = retain_dataset
@@ -151,6 +145,30 @@ class UnlearnTrainer(Trainer):
             callbacks=callbacks,
             **kwargs,
         )
+        self._prepare_step_state(args)
+        self._add_probes_and_callbacks(args, probe_sets, paired, has_retain=retain_dataset is not None)
+        self._train_seconds: float | None = None
+        self.record: UnlearnRecord = self._make_record(final=False)
+        if hasattr(self.model, "add_model_tags"):
+            self.model.add_model_tags(self._tag_names + [args.method])
+
+    def _prepare_model_and_reference(
+        self, model: nn.Module, args: UnlearnConfig, peft_config: Any, ref_model: nn.Module | None
+    ) -> nn.Module:
+        """The model to train (a local base named by its absolute path, adapters added) and, where an objective
+        compares with one, its frozen reference in ``self.ref_model`` (placed on the devices after Trainer's setup,
+        :meth:`_prepare_step_state`)."""
+        model = prepare_model(anchored_base(model), args, peft_config, self._objectives())
+        if ref_model is None and any(objective.needs_reference(args) for objective in self._objectives()):
+            ref_model = make_reference(model, is_peft_model(model), args.reference_dtype)
+        if ref_model is not None and ref_model is not ZERO3_COPY:
+            ref_model.eval().requires_grad_(False)
+        self.ref_model = ref_model
+        return model
+
+    def _prepare_step_state(self, args: UnlearnConfig) -> None:
+        """What a training step needs once Trainer has set up the accelerator: the gradient surgery (refused by name
+        on a backend it cannot run on), SAM, the reference on the model's devices, and the loss sums."""
         fsdp1 = self.is_fsdp_enabled and not self.accelerator.is_fsdp2
         check_surgery_backend(args.gradient_surgery, self.is_deepspeed_enabled, fsdp1)
         self.sam = ForgetSAM(args.sam_rho, deepspeed=self.is_deepspeed_enabled, fsdp=self.is_fsdp_enabled)
@@ -173,11 +191,6 @@ class UnlearnTrainer(Trainer):
         self.losses = LossTracker()
         self._items_are_global = False
         self._evaluation_extra: tuple[Any, Any] = (None, None)
-        self._add_probes_and_callbacks(args, probe_sets, paired, has_retain=retain_dataset is not None)
-        self._train_seconds: float | None = None
-        self.record: UnlearnRecord = self._make_record(final=False)
-        if hasattr(self.model, "add_model_tags"):
-            self.model.add_model_tags(self._tag_names + [args.method])
 
     def _split_forget_set(
         self, args: UnlearnConfig, forget: Any, retain: Any, calibration: Any, tokenizer: Any
