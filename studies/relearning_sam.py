@@ -13,7 +13,8 @@ retain ROUGE-L recall before the attack, the training wall time (``train()``, pr
 distillation's) and its ratio to the plain run of the same method and seed, the excess ROUGE-L over the reference
 at relearn-check's default attack (lr 1e-4, 20 steps, a cell of the grid), and the sweep's worst case (excess
 ROUGE-L, the attacked model's and the reference's ROUGE-L in that cell, largest recovered share of the gap to the
-target). An UNDO row (``ALPHA:STEPS``) distils the plain (``sam_rho`` 0) run of its method (``--undo_methods``, MASC
+target), and the answers' probability at its worst over the grid (excess over the reference, recovered share). An
+UNDO row (``ALPHA:STEPS``) distils the plain (``sam_rho`` 0) run of its method (``--undo_methods``, MASC
 by default) and seed into a noised copy of itself on the retain split (retain90). Prints one markdown row per run as
 it finishes, and a table at the end; the study page is docs/studies/relearning_sam.md.
 """
@@ -43,7 +44,7 @@ from hf_unlearn.robustness.relearn import relearning_sweep  # noqa: E402
 HEADER = (
     "| method | sam_rho | undo (alpha, steps) | seed | forget ROUGE-L | retain ROUGE-L | train s | time ratio | "
     "excess ROUGE-L, default attack | worst excess ROUGE-L | worst setting | worst cell: model / reference ROUGE-L | "
-    "largest recovered share |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "largest recovered share | largest probability excess / share |\n" + "|---" * 14 + "|"
 )
 #: `hf-unlearn relearn-check`'s attack without --sweep (check_relearning_robustness's defaults): lr, steps.
 DEFAULT_ATTACK = (1e-4, 20)
@@ -59,9 +60,13 @@ def unlearn(method: str, rho: float, seed: int, split: str) -> Any:
         return run_demo(DemoArguments(split=split), config)
 
 
+def share(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.2f}"
+
+
 def sweep_cells(model: Any, tokenizer: Any, seed: int, split: str) -> str:
     """The relearning sweep's cell at the default attack and its worst case (with the attacked model's and the
-    reference's forget ROUGE-L there), as the last five cells of a row."""
+    reference's forget ROUGE-L there), and the likelihood's worst case, as the last six cells of a row."""
     sweep = relearning_sweep(
         model, tokenizer, load_split(split), reference_model=learn_retain_only_model(split)[0],
         target_model=learn_target_model()[0], seed=seed,
@@ -72,7 +77,8 @@ def sweep_cells(model: Any, tokenizer: Any, seed: int, split: str) -> str:
     return (
         f"{default['excess_rouge_l_recall']:+.3f} | {worst['excess_rouge_l_recall']:+.3f} | "
         f"lr {worst['learning_rate']:g}, {worst['steps']} steps | {worst['rouge_l_recall']:.3f} / {reference:.3f} | "
-        f"{sweep['largest_recovered_fraction']:.2f} |"
+        f"{share(sweep['largest_recovered_fraction'])} | {sweep['largest_excess_probability']:+.3f} / "
+        f"{share(sweep['largest_probability_recovered_fraction'])} |"
     )
 
 

@@ -88,6 +88,34 @@ def test_likelihood_can_come_back_while_the_greedy_answers_stay_wrong():
     assert likelihood_sentence({"compared_with": "x"}) == ""  # a record written before the likelihood was judged
 
 
+def test_the_audit_fails_relearning_on_the_likelihood_alone():
+    """The audit's relearning verdict: clean only when neither the answers nor their likelihood came back."""
+    from hf_unlearn.robustness.audit import relearning_verdict
+
+    result = {"excess_rouge_l_recall": 0.03, "knowledge_returned": False, "compared_with": "the reference"}
+    quiet = relearning_verdict({**result, "excess_probability": 0.02, "likelihood_returned": False}, "after 20 steps")
+    assert quiet["passed"] is True
+    likely = relearning_verdict({**result, "excess_probability": 0.50, "likelihood_returned": True}, "after 20 steps")
+    assert likely["passed"] is False and "+0.500 answer probability" in likely["finding"]
+    assert "probability" in likely["threshold"] and "ROUGE-L" in likely["threshold"]
+
+
+def test_tables_of_a_result_written_before_the_likelihood_was_judged():
+    """An older unlearn_record.json's relearning (no probability fields in the grid, no likelihood flags) still
+    renders: the model card rebuilds it whenever quant-check, eval or push saves the record again."""
+    from hf_unlearn.robustness.relearn import relearning_table, sweep_table
+
+    cell = {"learning_rate": 1e-4, "steps": 10, "rouge_l_recall": 0.4, "excess_rouge_l_recall": 0.05,
+            "recovered_fraction": 0.2, "knowledge_returned": False}  # fmt: skip
+    sweep = {"grid": [cell], "worst": cell, "largest_recovered_fraction": 0.2, "knowledge_returned": False,
+             "compared_with": "the reference"}  # fmt: skip
+    table = sweep_table(sweep)
+    assert "| 0.0001 | 10 | 0.400 | +0.050 | 0.20 | - | - | - |" in table and "likelihood" not in table
+    curve = [{"step": 0, "rouge_l_recall": 0.3, "probability": 0.1}]
+    old = {"curve": curve, "knowledge_returned": False, "excess_rouge_l_recall": 0.0, "compared_with": "x"}
+    assert relearning_table(old).endswith("threshold +0.1).")
+
+
 def test_cli_relearn_check_on_own_data(models, tmp_path, capsys):
     tokenizer, forget, _, suppressed, reference = models
     for name, model in (("suppressed", suppressed), ("reference", reference)):

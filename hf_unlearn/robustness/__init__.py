@@ -30,6 +30,7 @@ from .quantize import (
     save_for_quantization,
 )
 from .relearn import (
+    RELEARN_PROBABILITY_THRESHOLD,
     RELEARN_THRESHOLD,
     check_relearning_robustness,
     relearning_curve,
@@ -45,6 +46,7 @@ __all__ = [
     "PRIMARY_ATTACK",
     "PRIVLEAK_TOLERANCE",
     "QUANTIZATION_MODES",
+    "RELEARN_PROBABILITY_THRESHOLD",
     "RELEARN_THRESHOLD",
     "RETURN_THRESHOLD",
     "audit_markdown",

@@ -8,7 +8,8 @@ Thresholds (documented, and written next to each verdict):
 * quantization: a forget ROUGE-L recall or exact match that rises by more than
   :data:`hf_unlearn.robustness.quantize.RETURN_THRESHOLD` after a reload in that mode (Zhang et al., ICLR 2025);
 * relearning: the measured forget answers end more than :data:`hf_unlearn.robustness.relearn.RELEARN_THRESHOLD`
-  ROUGE-L above a reference relearned the same way (or above the model's own start without a reference);
+  ROUGE-L, or their probability more than :data:`hf_unlearn.robustness.relearn.RELEARN_PROBABILITY_THRESHOLD`,
+  above a reference relearned the same way (or above the model's own start without a reference);
 * membership: MUSE's PrivLeak (Min-K%, the attack MUSE reports) outside +-:data:`PRIVLEAK_TOLERANCE` % of the
   model trained without the forget set: below is under-unlearning (the forget set is still recognised), above is
   over-unlearning. Without a reference model there is no PrivLeak: the AUCs are reported and the verdict is
@@ -87,13 +88,7 @@ def run_audit(
     relearning attack over :func:`~hf_unlearn.robustness.relearn.relearning_sweep`'s default grid instead of
     ``relearn_steps`` / ``relearn_learning_rate``, judged by its worst case."""
     from .quantize import check_quantization_robustness
-    from .relearn import (
-        RELEARN_PROBABILITY_THRESHOLD,
-        RELEARN_THRESHOLD,
-        check_relearning_robustness,
-        relearning_sweep,
-        sweep_record,
-    )
+    from .relearn import check_relearning_robustness, relearning_sweep, sweep_record
 
     quantization = check_quantization_robustness(
         model, tokenizer, forget_records, retain_records, modes=tuple(modes), prompt_template=prompt_template
@@ -110,14 +105,7 @@ def run_audit(
         attack = f"after {relearn_steps} steps"
     verdicts = {
         "quantization": quantization_verdict(quantization, modes),
-        # Failed when the greedy answers or only their likelihood came back: a membership attack reads the latter.
-        "relearning": {
-            "passed": not (relearning["knowledge_returned"] or relearning["likelihood_returned"]),
-            "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L and "
-            f"{relearning['excess_probability']:+.3f} answer probability against {relearning['compared_with']} "
-            + attack,
-            "threshold": f"more than +{RELEARN_THRESHOLD} ROUGE-L or +{RELEARN_PROBABILITY_THRESHOLD} probability",
-        },
+        "relearning": relearning_verdict(relearning, attack),
     }
     result: dict[str, Any] = {"quantization": quantization, "relearning": relearning, "verdicts": verdicts}
     if holdout_records is not None:
@@ -135,6 +123,22 @@ def run_audit(
             "threshold": f"Min-K% PrivLeak within +-{PRIVLEAK_TOLERANCE:g}% of retraining",
         }
     return result
+
+
+def relearning_verdict(relearning: dict[str, Any], attack: str) -> dict[str, Any]:
+    """The relearning verdict of an attack's result (or a sweep's record, :func:`~.relearn.sweep_record`): failed
+    when the greedy answers came back or only their likelihood did (a membership attack reads the latter).
+    ``attack`` says which attack the ROUGE-L figure is from; a sweep's probability figure is the grid's largest."""
+    from .relearn import RELEARN_PROBABILITY_THRESHOLD, RELEARN_THRESHOLD
+
+    over_grid = " (largest over the grid)" if "sweep" in relearning else ""
+    return {
+        "passed": not (relearning["knowledge_returned"] or relearning["likelihood_returned"]),
+        "finding": f"{relearning['excess_rouge_l_recall']:+.3f} ROUGE-L {attack} and "
+        f"{relearning['excess_probability']:+.3f} answer probability{over_grid}, "
+        f"against {relearning['compared_with']}",
+        "threshold": f"more than +{RELEARN_THRESHOLD} ROUGE-L or +{RELEARN_PROBABILITY_THRESHOLD} probability",
+    }
 
 
 def quantization_verdict(quantization: dict[str, Any], modes: Sequence[str]) -> dict[str, Any]:
@@ -207,5 +211,6 @@ __all__ = [
     "audit_record_fields",
     "membership_check",
     "quantization_verdict",
+    "relearning_verdict",
     "run_audit",
 ]

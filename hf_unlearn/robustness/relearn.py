@@ -31,7 +31,7 @@ RELEARN_THRESHOLD = 0.1
 #: The measured answers' mean probability (TOFU's, per-token geometric mean per answer) that rises this much above
 #: the reference's after the same relearning counts as their *likelihood* coming back, even where the greedy answers
 #: stay wrong: a membership attack reads likelihood, not greedy text. Our convention, on ROUGE-L's scale; on SmolLM2 +
-#: TOFU a MASC model relearned for 20 steps ended at 0.61-0.64 where the never-trained model ended at 0.12
+#: TOFU a MASC model relearned for 20-50 steps ended at 0.61-0.64 where the never-trained model ended at 0.08-0.12
 #: (docs/studies/relearning_sam.md).
 RELEARN_PROBABILITY_THRESHOLD = 0.1
 
@@ -247,7 +247,7 @@ def relearning_sweep(
         by_step = {row["step"]: row for row in result["curve"]}
         reference = {row["step"]: row for row in result.get("reference_curve", [])}
         for n in steps:
-            cell = compare_relearned(by_step[0], by_step[n], reference.get(n), result.get("target"))
+            cell = compare_relearned(by_step[0], by_step[n], reference[n] if reference else None, result.get("target"))
             grid.append({"learning_rate": float(learning_rate), "steps": n, **cell})
     worst = max(grid, key=lambda row: (row["excess_rouge_l_recall"], row["recovered_fraction"] or 0.0))
     first = attacks[worst["learning_rate"]]
@@ -296,17 +296,19 @@ def sweep_record(sweep: dict[str, Any]) -> dict[str, Any]:
 
 def sweep_table(sweep: dict[str, Any]) -> str:
     """Markdown: the sweep's grid (ROUGE-L recall of the measured forget answers, above the comparison, recovered
-    share of the gap) and the worst case."""
+    share of the gap; the same for their probability) and the worst case, with the likelihood's sentence. A grid
+    written before the probability was judged shows "-" there."""
     lines = [
         "| attacker lr | steps | ROUGE-L recall | above the comparison | recovered share | probability | "
-        "above the comparison | recovered share |",
+        "probability above the comparison | probability recovered share |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in sweep["grid"]:
         lines.append(
             f"| {row['learning_rate']:g} | {row['steps']} | {row['rouge_l_recall']:.3f} | "
-            f"{row['excess_rouge_l_recall']:+.3f} | {_share(row['recovered_fraction'])} | {row['probability']:.3f} | "
-            f"{row['excess_probability']:+.3f} | {_share(row['probability_recovered_fraction'])} |"
+            f"{row['excess_rouge_l_recall']:+.3f} | {_share(row['recovered_fraction'])} | "
+            f"{_value(row.get('probability'), '.3f')} | {_value(row.get('excess_probability'), '+.3f')} | "
+            f"{_share(row.get('probability_recovered_fraction'))} |"
         )
     worst = sweep["worst"]
     largest = sweep["largest_recovered_fraction"]
@@ -320,11 +322,19 @@ def sweep_table(sweep: dict[str, Any]) -> str:
             else ". No forgotten knowledge came back."
         )
     )
-    return "\n".join([*lines, "", verdict, "", likelihood_sentence(sweep)])
+    return "\n".join([*lines, "", verdict, *_paragraph(likelihood_sentence(sweep))])
+
+
+def _value(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _share(fraction: float | None) -> str:
-    return "-" if fraction is None else f"{fraction:.2f}"
+    return _value(fraction, ".2f")
+
+
+def _paragraph(sentence: str) -> list[str]:
+    return ["", sentence] if sentence else []
 
 
 def likelihood_sentence(result: dict[str, Any]) -> str:
@@ -335,15 +345,15 @@ def likelihood_sentence(result: dict[str, Any]) -> str:
     if excess is None:  # a record written before the likelihood was measured
         return ""
     share = result.get("largest_probability_recovered_fraction", result.get("probability_recovered_fraction"))
-    where = "at most" if "largest_excess_probability" in result or "sweep" in result else "at the end"
+    where = "at worst over the grid" if "largest_excess_probability" in result or "sweep" in result else "at the end"
     found = (
-        f"{where} {excess:+.3f} above {result['compared_with']} (threshold +{RELEARN_PROBABILITY_THRESHOLD}), "
+        f"{excess:+.3f} above {result['compared_with']} {where} (threshold +{RELEARN_PROBABILITY_THRESHOLD}), "
         f"recovered share of the gap {_share(share)}"
     )
     return (
-        f"The answers' likelihood came back: their probability ends {found}."
+        f"The answers' likelihood came back: their probability is {found}."
         if result.get("likelihood_returned")
-        else f"Their likelihood did not come back: probability {found}."
+        else f"Their likelihood did not come back: their probability is {found}."
     )
 
 
@@ -365,7 +375,8 @@ def relearning_table(result: dict[str, Any]) -> str:
         else f"No forgotten knowledge came back beyond {result['compared_with']} "
         f"({result['excess_rouge_l_recall']:+.3f} ROUGE-L, threshold +{RELEARN_THRESHOLD})."
     )
-    return "\n".join([*lines, "", verdict, "", likelihood_sentence(result)])
+    # A sweep's record: its own table (sweep_table) carries the likelihood's sentence.
+    return "\n".join([*lines, "", verdict, *([] if "sweep" in result else _paragraph(likelihood_sentence(result)))])
 
 
 __all__ = [
