@@ -93,9 +93,9 @@ def main() -> None:
     }
     authors = [r.get("author", i) for i, r in enumerate(setting.calibration_records)]
 
-    def read(model: Any) -> dict[str, dict[str, Any]]:
+    def read(model: Any, sets: tuple[str, ...] = ("forget", "calibration", "holdout")) -> dict[str, dict[str, Any]]:
         model.eval()
-        return {s: margins_of(model, examples[s], pad, config) for s in examples}
+        return {s: margins_of(model, examples[s], pad, config) for s in sets}
 
     target, never = read(setting.target_model), read(setting.reference_model)
     cal = target["calibration"]
@@ -116,7 +116,7 @@ def main() -> None:
         base = setting.target_model
         for step in (s for s in steps if s % args.every == 0):
             model = PeftModel.from_pretrained(base, os.path.join(folder, f"step-{step}")).eval()
-            measured = read(model)
+            measured = read(model, ("forget", "holdout"))
             entry = {
                 "step": step,
                 **{f"forget {k}": v for k, v in readings(measured["forget"], cal).items()},
