@@ -369,3 +369,8 @@ def test_a_bare_peft_adapter_folder_takes_its_base_models_tokenizer(tmp_path, lo
         json.loads((tmp_path / folder / "eval.json").read_text())["forget"] for folder in ("on-adapter", "on-base")
     )
     assert on_adapter == on_base
+    # `run` continues from such a folder too (merged into the base named in its adapter_config.json).
+    run = ["run", "--model_name_or_path", str(tmp_path / "adapter"), "--forget_data", str(root / "forget.json"),
+           "--retain_data", str(root / "retain.jsonl"), "--max_steps", "1", "--report_to", "none", "--use_cpu", "true",
+           "--output_dir", str(tmp_path / "run")]  # fmt: skip
+    assert main(run) == 0 and (tmp_path / "run" / "tokenizer_config.json").exists()
