@@ -14,21 +14,13 @@ for the rows of ``studies/stop_floor.py`` and, with ``--run``, along a saved run
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import re
 from typing import Any
 
 import torch
-from peft import PeftModel
-from stop_floor import MATCHES, by_example, margins_of, subset
+from stop_floor import MATCHES, by_example, saved_adapters, study_arguments, study_setting, subset
 
-from hf_unlearn import build_qa_dataset
-from hf_unlearn.cli.arguments import CompareArguments
-from hf_unlearn.jobs.compare_setups import embedded_setting, tofu_setting
 from hf_unlearn.objectives.margin import NeverSeenLevels, matched_thresholds, spread_by_id, token_levels
-from hf_unlearn.training.config import UnlearnConfig
 
 
 def differences(measured: dict[str, Any], never_seen: dict[str, Any], match: str) -> torch.Tensor:
@@ -65,38 +57,8 @@ def leave_one_out(pieces: list[dict[str, torch.Tensor]], authors: list[Any]) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmark", choices=("tofu", "embedded"), default="tofu")
-    parser.add_argument("--tofu_dir", default=None)
-    parser.add_argument("--author_offset", type=int, default=0)
-    parser.add_argument("--num_calibration_authors", type=int, default=4)
-    parser.add_argument("--num_holdout_authors", type=int, default=4)
-    parser.add_argument("--run", default=None, help="A masc_landing.py --track_stop_statistics output folder.")
-    parser.add_argument("--every", type=int, default=100)
-    parser.add_argument("--output", default=None)
-    args = parser.parse_args()
-    if args.benchmark == "tofu":
-        cli = CompareArguments(
-            benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[0],
-            num_calibration_authors=args.num_calibration_authors, num_holdout_authors=args.num_holdout_authors,
-        )  # fmt: skip
-        setting = tofu_setting(cli)
-    else:
-        setting = embedded_setting(CompareArguments(benchmark="embedded", seeds=[0]))
-    tokenizer = setting.tokenizer
-    config = UnlearnConfig(output_dir="/tmp/signed_gap", method="masc", report_to="none")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples = {
-        "forget": [dict(e) for e in setting.forget],
-        "calibration": [dict(e) for e in setting.calibration],
-        "holdout": [dict(e) for e in build_qa_dataset(setting.holdout_records, tokenizer)],
-    }
-    authors = [r.get("author", i) for i, r in enumerate(setting.calibration_records)]
-
-    def read(model: Any, sets: tuple[str, ...] = ("forget", "calibration", "holdout")) -> dict[str, dict[str, Any]]:
-        model.eval()
-        return {s: margins_of(model, examples[s], pad, config) for s in sets}
-
+    args = study_arguments(__doc__.split("\n\n")[0])
+    setting, read, authors = study_setting(args)
     target, never = read(setting.target_model), read(setting.reference_model)
     cal = target["calibration"]
     rows = {
@@ -111,11 +73,7 @@ def main() -> None:
         print(json.dumps({"row": name, **row}), flush=True)
     trajectory = []
     if args.run:
-        folder = os.path.join(args.run, "trajectory")
-        steps = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := re.fullmatch(r"step-(\d+)", n)))
-        base = setting.target_model
-        for step in (s for s in steps if s % args.every == 0):
-            model = PeftModel.from_pretrained(base, os.path.join(folder, f"step-{step}")).eval()
+        for step, model in saved_adapters(args.run, args.every, setting.target_model):
             measured = read(model, ("forget", "holdout"))
             entry = {
                 "step": step,
@@ -124,7 +82,6 @@ def main() -> None:
             }
             trajectory.append(entry)
             print(json.dumps(entry), flush=True)
-            base = model.unload()
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"args": vars(args), "rows": rows, "trajectory": trajectory}, f, indent=1)

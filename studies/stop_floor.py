@@ -28,6 +28,7 @@ import json
 import os
 import random
 import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -154,8 +155,12 @@ def comparison_halves(
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+SETS = ("forget", "calibration", "holdout")
+
+
+def study_arguments(description: str) -> argparse.Namespace:
+    """The options this script and ``signed_gap.py`` share: the benchmark and split, a saved run, the output."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--benchmark", choices=("tofu", "embedded"), default="tofu")
     parser.add_argument("--tofu_dir", default=None)
     parser.add_argument("--author_offset", type=int, default=0)
@@ -164,7 +169,12 @@ def main() -> None:
     parser.add_argument("--run", default=None, help="A masc_landing.py --track_stop_statistics output folder.")
     parser.add_argument("--every", type=int, default=100, help="Read every this many steps of --run.")
     parser.add_argument("--output", default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def study_setting(args: argparse.Namespace) -> tuple[Any, Callable[..., dict[str, dict[str, Any]]], list[Any]]:
+    """The benchmark's setting (as ``compare`` builds it), a reader of every answer token's margin per set
+    (:data:`SETS`) under a model, and each calibration example's author."""
     if args.benchmark == "tofu":
         cli = CompareArguments(
             benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[0],
@@ -176,27 +186,42 @@ def main() -> None:
     tokenizer = setting.tokenizer
     config = UnlearnConfig(output_dir="/tmp/stop_floor", method="masc", report_to="none")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    calibration_records = [dict(r) for r in setting.calibration_records]
     examples = {
         "forget": [dict(e) for e in setting.forget],
         "calibration": [dict(e) for e in setting.calibration],
         "holdout": [dict(e) for e in build_qa_dataset(setting.holdout_records, tokenizer)],
     }
-    authors = [r.get("author", i) for i, r in enumerate(calibration_records)]
-    rows: list[dict[str, Any]] = []
 
-    def read(model: Any, sets: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    def read(model: Any, sets: tuple[str, ...] = SETS) -> dict[str, dict[str, Any]]:
         model.eval()
         return {s: margins_of(model, examples[s], pad, config) for s in sets}
 
-    target = read(setting.target_model, ("forget", "calibration", "holdout"))
-    never = read(setting.reference_model, ("forget", "calibration", "holdout"))
+    return setting, read, [r.get("author", i) for i, r in enumerate(setting.calibration_records)]
+
+
+def saved_adapters(run: str, every: int, base: Any) -> Iterator[tuple[int, Any]]:
+    """Each adapter a ``masc_landing.py --track_stop_statistics`` run saved at a multiple of ``every`` steps, on
+    ``base`` (unloaded again before the next one is read)."""
+    folder = os.path.join(run, "trajectory")
+    steps = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := re.fullmatch(r"step-(\d+)", n)))
+    for step in (s for s in steps if s % every == 0):
+        model = PeftModel.from_pretrained(base, os.path.join(folder, f"step-{step}")).eval()
+        yield step, model
+        base = model.unload()
+
+
+def main() -> None:
+    args = study_arguments(__doc__.split("\n\n")[0])
+    setting, read, authors = study_setting(args)
+    rows: list[dict[str, Any]] = []
+    target = read(setting.target_model)
+    never = read(setting.reference_model)
     cal = target["calibration"]
     base = None
     if args.benchmark == "tofu":
         from hf_unlearn.benchmarks.pretrained import load_smollm2
 
-        base = read(load_smollm2()[0], ("forget", "calibration", "holdout"))
+        base = read(load_smollm2()[0])
     pieces = by_example(cal)
     assert len(pieces) == len(authors), "an example without answer tokens"
     for match in MATCHES:
@@ -225,11 +250,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     trajectory: list[dict[str, Any]] = []
     if args.run:
-        folder = os.path.join(args.run, "trajectory")
-        steps = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := re.fullmatch(r"step-(\d+)", n)))
-        base = setting.target_model
-        for step in (s for s in steps if s % args.every == 0):
-            model = PeftModel.from_pretrained(base, os.path.join(folder, f"step-{step}")).eval()
+        for step, model in saved_adapters(args.run, args.every, setting.target_model):
             measured = read(model, ("forget", "holdout", "calibration"))
             now = by_example(measured["calibration"])
             entry: dict[str, Any] = {"step": step}
@@ -240,7 +261,6 @@ def main() -> None:
                 entry.update(comparison_halves(measured["forget"], pieces, now, authors, match))
             trajectory.append(entry)
             print(json.dumps(entry), flush=True)
-            base = model.unload()
     if args.output:
         with open(args.output, "w") as f:
             json.dump({"args": vars(args), "gaps": rows, "trajectory": trajectory}, f, indent=1)
