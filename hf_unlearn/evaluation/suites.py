@@ -21,6 +21,29 @@ from .options import real_knowledge_options, truth_ratios
 from .scoring import AnswerScores, measure_answers
 
 
+def require_question_columns(sets: dict[str, Any]) -> None:
+    """Refuse, by name, a set given (not None) without question and answer columns: the answer metrics generate from
+    the question and compare with the answer, which a set tokenized on its own no longer holds."""
+    for name, records in sets.items():
+        if records is not None and "question" not in getattr(records, "column_names", records[0]):
+            raise ValueError(
+                f"evaluate() reads the {name} set's question and answer columns, which it does not have; "
+                "build it with hf_unlearn.build_qa_dataset, which keeps them."
+            )
+
+
+def logged_metrics(result: dict[str, Any], prefix: str) -> dict[str, float]:
+    """:func:`evaluate_unlearning`'s result as Trainer logs metrics: ``{prefix}_{set}_{metric}`` for each set's
+    values that are not None, ``{prefix}_{name}`` for the numbers at the top level (model utility, ...)."""
+    metrics: dict[str, float] = {}
+    for name, value in result.items():
+        if isinstance(value, dict):
+            metrics.update({f"{prefix}_{name}_{key}": v for key, v in value.items() if v is not None})
+        elif isinstance(value, (int, float)):
+            metrics[f"{prefix}_{name}"] = value
+    return metrics
+
+
 def evaluate_unlearning(
     model: Any,
     tokenizer: Any,

@@ -272,3 +272,20 @@ def write_model_card(record: UnlearnRecord, output_dir: str, repo_id: str | None
     path = os.path.join(output_dir, "README.md")
     build_model_card(record, repo_id or output_dir).save(path)
     return path
+
+
+def write_run_outputs(
+    record: UnlearnRecord, output_dir: str, repo_id: str | None = None, peft_model: Any = None
+) -> None:
+    """What every save of a run writes beside the weights: ``unlearn_record.json`` (with the base weights it
+    started from), the request ledger and the card; for a PEFT model, PEFT's own card metadata (library_name: peft,
+    base_model, adapter tags) on top of the unlearning card."""
+    from ..training.base_model import with_base_weights
+    from ..training.ledger import full_ledger, save_ledger
+
+    record = with_base_weights(record)
+    record.save(output_dir)
+    save_ledger(full_ledger(record), output_dir)
+    write_model_card(record, output_dir, repo_id=repo_id)
+    if peft_model is not None:
+        peft_model.create_or_update_model_card(output_dir)

@@ -37,7 +37,7 @@ from ..objectives import LossInputs, Objective
 from ..objectives.registry import resolve_objectives
 from ..surgery import SurgeryBuffers
 from .adapters import check_causal_lm, is_peft_model, prepare_model
-from .base_model import anchored_base, with_base_weights
+from .base_model import anchored_base
 from .callbacks import (
     ObjectiveStateCallback,
     RetainPairingCallback,
@@ -46,7 +46,7 @@ from .callbacks import (
 )
 from .choices import check_surgery_backend, resolved_for_data
 from .config import UnlearnConfig
-from .ledger import forget_set_fingerprint, full_ledger, load_ledger, loaded_from, save_ledger
+from .ledger import forget_set_fingerprint, load_ledger, loaded_from
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
 from .probing import ProbeSets, ProbeState, runs_from_training_forwards
@@ -504,12 +504,9 @@ class UnlearnTrainer(Trainer):
         count towards model utility, rather than being evaluated one by one as in Trainer. Logged as
         ``eval_forget_rouge_l_recall`` etc. ``ignore_keys`` is accepted for Trainer's signature and has no effect: no
         model outputs are gathered."""
-        for name, records in (("forget", self.forget_records), ("retain", self.retain_records)):
-            if records is not None and "question" not in getattr(records, "column_names", records[0]):
-                raise ValueError(
-                    f"evaluate() reads the {name} set's question and answer columns, which it does not have; "
-                    "build it with hf_unlearn.build_qa_dataset, which keeps them."
-                )
+        from ..evaluation.suites import require_question_columns
+
+        require_question_columns({"forget": self.forget_records, "retain": self.retain_records})
         if eval_dataset is None and self.eval_dataset is not self.forget_records:
             eval_dataset = self.eval_dataset
         extra = eval_dataset if isinstance(eval_dataset, dict) else {"eval": eval_dataset} if eval_dataset else None
@@ -533,7 +530,7 @@ class UnlearnTrainer(Trainer):
             return super().evaluation_loop(
                 dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
             )
-        from ..evaluation import evaluate_unlearning
+        from ..evaluation.suites import evaluate_unlearning, logged_metrics
 
         extra, retain_only_truth_ratios = self._evaluation_extra
         result = evaluate_unlearning(
@@ -546,12 +543,7 @@ class UnlearnTrainer(Trainer):
             k=self.args.masc_k,
             rho=self.args.masc_rho,
         )
-        metrics: dict[str, float] = {}
-        for name, value in result.items():
-            if isinstance(value, dict):
-                metrics.update({f"{metric_key_prefix}_{name}_{k}": v for k, v in value.items() if v is not None})
-            elif isinstance(value, (int, float)):
-                metrics[f"{metric_key_prefix}_{name}"] = value
+        metrics = logged_metrics(result, metric_key_prefix)
         return EvalLoopOutput(predictions=None, label_ids=None, metrics=metrics, num_samples=len(self.forget_records))
 
     # --- the run record ---------------------------------------------------------------------------------
@@ -609,16 +601,11 @@ class UnlearnTrainer(Trainer):
     # --- saving, model card and Hub -----------------------------------------------------------------------
 
     def _write_record_and_card(self, output_dir: str) -> None:
-        from ..outputs.model_card import write_model_card
+        from ..outputs.model_card import write_run_outputs
 
-        record = with_base_weights(self.record if self.record.complete else self._make_record(final=False))
-        record.save(output_dir)
-        save_ledger(full_ledger(record), output_dir)
-        write_model_card(record, output_dir, repo_id=self.args.hub_model_id)
+        record = self.record if self.record.complete else self._make_record(final=False)
         model = self.accelerator.unwrap_model(self.model)
-        if is_peft_model(model):
-            # PEFT's own card metadata (library_name: peft, base_model, adapter tags) on top of the unlearning card.
-            model.create_or_update_model_card(output_dir)
+        write_run_outputs(record, output_dir, self.args.hub_model_id, model if is_peft_model(model) else None)
 
     def create_model_card(self, model_name: str | None = None, tags: Any = None, **kwargs: Any) -> None:
         """Write README.md (the unlearning model card, from the run record) into ``output_dir``; replaces
