@@ -158,8 +158,11 @@ def comparison_halves(
 SETS = ("forget", "calibration", "holdout")
 
 
-def study_arguments(description: str) -> argparse.Namespace:
-    """The options this script and ``signed_gap.py`` share: the benchmark and split, a saved run, the output."""
+def study_arguments(
+    description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """The options this script, ``signed_gap.py`` and ``auc_floor.py`` share: the benchmark and split, a saved run,
+    the output; ``extra`` adds a script's own."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--benchmark", choices=("tofu", "embedded"), default="tofu")
     parser.add_argument("--tofu_dir", default=None)
@@ -169,6 +172,8 @@ def study_arguments(description: str) -> argparse.Namespace:
     parser.add_argument("--run", default=None, help="A masc_landing.py --track_stop_statistics output folder.")
     parser.add_argument("--every", type=int, default=100, help="Read every this many steps of --run.")
     parser.add_argument("--output", default=None)
+    if extra is not None:
+        extra(parser)
     return parser.parse_args()
 
 
