@@ -113,10 +113,11 @@ def landing(
                 tally(counts, (ref, t), abs(region - centre) <= 0.1, stop_aucs[first] >= t)
         if margins is not None:
             never_seen = margins["target"]["calibration"] + margins["target"]["holdout"]
+            assert len(never_seen) == len(authors), "an example without answer tokens"
             for match in MATCHES:
-                reference = subset(never_seen, rows["r"])
+                held = subset(never_seen, rows["r"])
                 forget = [margins[f"step-{s}"]["forget"] for s in steps]
-                gaps = [gap(subset(f, list(range(len(f)))), reference, match) for f in forget]
+                gaps = [gap(subset(f, list(range(len(f)))), held, match) for f in forget]
                 for slack in slacks:
                     first = next((i for i, g in enumerate(gaps) if g <= slack), len(steps) - 1)
                     inside = abs(auc(f"step-{steps[first]}", "h") - centre) <= 0.1
