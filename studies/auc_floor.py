@@ -21,12 +21,20 @@ import argparse
 import itertools
 import json
 import os
-import re
 import statistics
 from collections.abc import Iterator
 from typing import Any
 
-from stop_floor import MATCHES, by_example, gap, saved_adapters, study_arguments, study_setting, subset
+from stop_floor import (
+    MATCHES,
+    by_example,
+    gap,
+    saved_adapters,
+    saved_step_numbers,
+    study_arguments,
+    study_setting,
+    subset,
+)
 from transformers import AutoModelForCausalLM
 
 from hf_unlearn.evaluation.bundle import qa_attack_scores
@@ -95,6 +103,10 @@ def landing(
     steps = sorted(int(n.split("-")[1]) for n in scores if n.startswith("step-"))
     out: dict[str, Any] = {"assignments": 0, "never-trained stop AUC": [], "rules": {}}
     counts: dict[tuple[str, float], list[int]] = {}
+    if margins is not None:  # what does not depend on the assignment: the never-seen pieces, each step's forget set
+        never_seen = margins["target"]["calibration"] + margins["target"]["holdout"]
+        assert len(never_seen) == len(authors), "an example without answer tokens"
+        forget = [subset(f, list(range(len(f)))) for f in (margins[f"step-{s}"]["forget"] for s in steps)]
     for reference, holdout in assignments(sorted(set(authors), key=str)):
         rows = {"r": [i for i, a in enumerate(authors) if a in reference]}
         rows["h"] = [i for i, a in enumerate(authors) if a in holdout]
@@ -112,12 +124,9 @@ def landing(
                 region = auc(f"step-{steps[first]}", "h")
                 tally(counts, (ref, t), abs(region - centre) <= 0.1, stop_aucs[first] >= t)
         if margins is not None:
-            never_seen = margins["target"]["calibration"] + margins["target"]["holdout"]
-            assert len(never_seen) == len(authors), "an example without answer tokens"
+            held = subset(never_seen, rows["r"])
             for match in MATCHES:
-                held = subset(never_seen, rows["r"])
-                forget = [margins[f"step-{s}"]["forget"] for s in steps]
-                gaps = [gap(subset(f, list(range(len(f)))), held, match) for f in forget]
+                gaps = [gap(f, held, match) for f in forget]
                 for slack in slacks:
                     first = next((i for i, g in enumerate(gaps) if g <= slack), len(steps) - 1)
                     inside = abs(auc(f"step-{steps[first]}", "h") - centre) <= 0.1
@@ -143,9 +152,7 @@ def saved_steps(args: argparse.Namespace, base: Any) -> Iterator[tuple[int, Any]
     if args.run:
         yield from saved_adapters(args.run, args.every, base)
     elif args.checkpoints:
-        names = os.listdir(args.checkpoints)
-        steps = sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"checkpoint-(\d+)", n)))
-        for step in (s for s in steps if s % args.every == 0):
+        for step in saved_step_numbers(args.checkpoints, "checkpoint", args.every):
             folder = os.path.join(args.checkpoints, f"checkpoint-{step}")
             yield step, AutoModelForCausalLM.from_pretrained(folder).eval()
 

@@ -204,12 +204,18 @@ def study_setting(args: argparse.Namespace) -> tuple[Any, Callable[..., dict[str
     return setting, read, [r.get("author", i) for i, r in enumerate(setting.calibration_records)]
 
 
+def saved_step_numbers(folder: str, prefix: str, every: int) -> list[int]:
+    """The steps of ``folder``'s ``{prefix}-N`` subfolders that are multiples of ``every``, in order."""
+    names = os.listdir(folder)
+    steps = sorted(int(m.group(1)) for n in names if (m := re.fullmatch(rf"{re.escape(prefix)}-(\d+)", n)))
+    return [step for step in steps if step % every == 0]
+
+
 def saved_adapters(run: str, every: int, base: Any) -> Iterator[tuple[int, Any]]:
     """Each adapter a ``masc_landing.py --track_stop_statistics`` run saved at a multiple of ``every`` steps, on
     ``base`` (unloaded again before the next one is read)."""
     folder = os.path.join(run, "trajectory")
-    steps = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := re.fullmatch(r"step-(\d+)", n)))
-    for step in (s for s in steps if s % every == 0):
+    for step in saved_step_numbers(folder, "step", every):
         model = PeftModel.from_pretrained(base, os.path.join(folder, f"step-{step}")).eval()
         yield step, model
         base = model.unload()

@@ -170,7 +170,7 @@ def check_model_location(
             f"{name!r} is a folder but holds no model (no config.json or adapter_config.json). Save one there with "
             "model.save_pretrained(folder), or point at the folder that holds it."
         )
-    if tokenizer_name is None and not files & set(TOKENIZER_FILES):  # holds_tokenizer, from the listing above
+    if tokenizer_name is None and not holds_tokenizer(path):
         raise FileNotFoundError(
             f"{name!r} holds {'a model but ' if need_model else ''}no tokenizer "
             f"(none of {', '.join(TOKENIZER_FILES)}). "
