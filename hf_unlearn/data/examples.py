@@ -69,6 +69,23 @@ def tokenize_text(tokenizer: Any, text: str, max_length: int | None = None) -> d
     return {"input_ids": input_ids, "attention_mask": [1] * len(input_ids), "labels": labels}
 
 
+def appended_eos(tokenizer: Any, model_config: Any = None) -> int | None:
+    """The EOS id :func:`tokenize_qa` and :func:`tokenize_text` append after an answer or text, which the evaluation's
+    membership attack does not score; None where nothing is appended: no EOS, or a chat template that ends the
+    assistant's turn with the EOS itself (then the answer's completion holds it and both score it). Without a
+    tokenizer, the model config's EOS (the first, where it lists several)."""
+    eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if tokenizer is None:
+        eos = getattr(model_config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        return eos if isinstance(eos, int) else None
+    if eos is None:
+        return None
+    _, completion = prompt_and_completion(tokenizer, "?", "a")
+    ids = _encode(tokenizer, completion, add_special_tokens=False)
+    return None if ids and ids[-1] == eos else eos
+
+
 def _encode(tokenizer: Any, text: str, add_special_tokens: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 

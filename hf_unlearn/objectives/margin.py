@@ -382,6 +382,22 @@ def min_k_per_example(log_probs: torch.Tensor, mask: torch.Tensor, k: float = 0.
     return torch.stack(rows) if rows else log_probs.new_zeros(0, dtype=torch.float64)
 
 
+def leave_out_final(mask: torch.Tensor, labels: torch.Tensor, token_id: int | None) -> torch.Tensor:
+    """``mask`` (B, T) without each row's last scored position where ``labels`` holds ``token_id`` there (None: as
+    given). With the EOS id: the answer tokens the evaluation's membership attack scores, which reads the completion
+    as :func:`~hf_unlearn.data.prompts.prompt_and_completion` gives it, without the EOS that
+    :func:`~hf_unlearn.data.tokenize_qa` (and ``tokenize_text``) append for training."""
+    if token_id is None or not bool(mask.any()):
+        return mask
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask, positions, -1).amax(dim=-1)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    final = (last >= 0) & (labels[rows, last.clamp(min=0)] == token_id)
+    kept = mask.clone()
+    kept[rows[final], last[final]] = False
+    return kept
+
+
 def answer_probabilities(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example of a batch: TOFU's answer probability exp(mean answer-token log-probability), 0 where nothing is
     scored, and 1.0 / 0.0 for whether anything is."""
@@ -427,10 +443,12 @@ def measure_violations(
     delta: float | None = None,
     reference_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
     batch_size: int = 32,
+    min_k_leaves_out: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
     ``margins``, every scored token's margin, with its id in ``tokens`` and whether its prompt holds it too in
-    ``copied`` (for :func:`calibration_gap`); ``min_k``, each example's Min-K% Prob (:func:`min_k_per_example`).
+    ``copied`` (for :func:`calibration_gap`); ``min_k``, each example's Min-K% Prob (:func:`min_k_per_example`),
+    without a final ``min_k_leaves_out`` token (:func:`leave_out_final`).
 
     The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
     the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
@@ -464,7 +482,8 @@ def measure_violations(
             copied.append(repeated[:, 1:][result.mask].cpu())
             answer_log_probs = token_log_probs(logits.detach(), answer_labels)  # one log-softmax for both reads
             probabilities.append(probabilities_of(*answer_log_probs)[0].cpu())
-            min_k.append(min_k_per_example(*answer_log_probs).cpu())
+            log_probs, scored_mask = answer_log_probs
+            min_k.append(min_k_per_example(log_probs, leave_out_final(scored_mask, labels, min_k_leaves_out)).cpu())
             fractions.append(batch_fractions.cpu())
             lengths.append(batch_lengths.cpu())
     finally:

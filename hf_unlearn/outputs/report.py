@@ -93,7 +93,11 @@ def report_markdown(record: UnlearnRecord) -> str:
     if record.violation_rate is not None:
         hyperparameters = record.hyperparameters
         probe = hyperparameters.get("stop_probe", "train")
-        if hyperparameters.get("stop_target") == "calibration":
+        if hyperparameters.get("stop_target") == "membership":
+            auc = (record.probe_history[-1] if record.probe_history else {}).get("calibration_min_k_auc")
+            slack = hyperparameters.get("calibration_auc_slack")
+            target = f"Min-K% AUC against never-seen data {format_value(auc)}, target >= {format_value(0.5 - slack)}"
+        elif hyperparameters.get("stop_target") == "calibration":
             gap = (record.probe_history[-1] if record.probe_history else {}).get("calibration_gap")
             target = f"calibration gap {format_value(gap)}, slack {format_value(hyperparameters['calibration_slack'])}"
         elif "stop_alpha" in hyperparameters:
@@ -202,6 +206,10 @@ def plot_history(
         ax_gap.plot(steps, [h.get("calibration_gap") for h in history], marker="o", label="calibration gap")
         if calibration_slack is not None:
             ax_gap.axhline(calibration_slack, color="grey", linestyle="--", label=f"slack = {calibration_slack:g}")
+        if any("calibration_min_k_auc" in h for h in history):  # the Min-K% stop's reading, on its own axis
+            ax_auc = ax_gap.twinx()
+            ax_auc.plot(steps, [h.get("calibration_min_k_auc") for h in history], "s:", color="tab:red")
+            ax_auc.set_ylabel("Min-K% AUC, forget vs never-seen (red)")
         ax_gap.set_xlabel("optimizer step")
         ax_gap.set_ylabel("logits above never-seen margins")
         ax_gap.set_title("Forget vs never-seen margins")

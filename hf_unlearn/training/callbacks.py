@@ -18,7 +18,7 @@ logger = logging.get_logger(__name__)
 # A probe returns at least {"violation_rate": float, "num_examples": int}; with the calibrated target also
 # "calibration_gap", with the utility floor "retain_probability"; other numbers are recorded too.
 Probe = Callable[[], dict[str, float]]
-STOPPING_TARGETS = ("alpha", "calibration")
+STOPPING_TARGETS = ("alpha", "calibration", "membership")
 
 
 class ViolationStoppingCallback(TrainerCallback, ExportableState):
@@ -34,7 +34,8 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     sorted margins over the never-seen margins at the same quantiles
     (:func:`~hf_unlearn.objectives.margin.calibration_gap`), is <= ``calibration_slack`` logits, and, with
     ``calibration_auc_slack``, once Min-K% (Shi et al. 2024) tells the forget answers from the calibration answers no
-    better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``).
+    better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``). With
+    ``target="membership"`` (beyond the paper) that AUC alone decides, with no condition on the gap.
 
     Utility floor: when the retain answer probability at a probe is below ``utility_floor`` times its value at the
     start of training, the run stops as a failure (``stop_kind == "utility_floor"``), whatever the forget side says.
@@ -150,20 +151,31 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         return self.stop_kind == "target"
 
     def threshold(self, measured: dict[str, float]) -> float:
-        """What the decisive statistic (violation rate, or calibration gap) must reach at this probe."""
+        """What the decisive statistic (violation rate, calibration gap, or Min-K% AUC) must reach at this probe."""
+        if self.target == "membership":
+            return 0.5 - self.calibration_auc_slack
         return self.calibration_slack if self.target == "calibration" else self.alpha
 
     def statistic(self, measured: dict[str, float], bound: float) -> float:
+        if self.target == "membership":
+            return float(measured.get("calibration_min_k_auc", -math.inf))
         if self.target == "calibration":
             return float(measured["calibration_gap"])
         return bound if self.hoeffding else float(measured["violation_rate"])
+
+    def target_met(self, measured: dict[str, float], bound: float) -> bool:
+        """Whether this probe meets the target: the statistic at or under its threshold (the AUC at or above it)."""
+        statistic, threshold = self.statistic(measured, bound), self.threshold(measured)
+        if self.target == "membership":
+            return statistic >= threshold
+        return statistic <= threshold and self.membership_met(measured)
 
     def membership_met(self, measured: dict[str, float]) -> bool:
         """The calibrated stop's optional second condition (beyond the MASC paper): on free text the gap alone can
         stop with the forget set still more familiar than never-seen data to Min-K% (docs/studies/masc_landing.md,
         section 7); with ``calibration_auc_slack`` the stop also waits for the Min-K% AUC of the forget answers against
         the calibration answers to reach ``0.5 - calibration_auc_slack``."""
-        if self.target != "calibration" or self.calibration_auc_slack is None:
+        if self.target == "alpha" or self.calibration_auc_slack is None:
             return True
         return measured.get("calibration_min_k_auc", -math.inf) >= 0.5 - self.calibration_auc_slack
 
@@ -218,7 +230,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
                 self._call("failure", step)
                 return control
         statistic = self.statistic(measured, bound)
-        met = statistic <= threshold and self.membership_met(measured)
+        met = self.target_met(measured, bound)
         if met and self.first_target_step is None:
             self.first_target_step = step
             self._call("target", step)
@@ -226,15 +238,19 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
             self.stop_step, self.stop_kind = step, "target"
             control.should_training_stop = True
             control.should_log = True
-            if self.target == "calibration":
+            if self.target == "membership":
+                measure = "Min-K% AUC against the calibration set"
+            elif self.target == "calibration":
                 measure = "calibration gap (logits above never-seen data)"
             else:
                 measure = "upper bound of the violation rate" if self.hoeffding else "violation rate"
+            relation = ">=" if self.target == "membership" else "<="
             logger.info(
-                f"Unlearning target reached at step {step}: forget {measure} {statistic:.3f} <= {threshold:.3f}, "
+                f"Unlearning target reached at step {step}: forget {measure} {statistic:.3f} {relation} "
+                f"{threshold:.3f}, "
                 + (
                     f"Min-K% AUC against the calibration set {measured['calibration_min_k_auc']:.3f}, "
-                    if "calibration_min_k_auc" in measured
+                    if "calibration_min_k_auc" in measured and self.target == "calibration"
                     else ""
                 )
                 + f"violation rate {rate:.3f}"

@@ -28,7 +28,7 @@ DEFAULT_REFUSALS = (
 )
 STOP_PROBES = ("train", "holdout")
 FORGET_SCORINGS = ("answer", "continuation")
-STOP_TARGETS = ("auto", "alpha", "calibration")
+STOP_TARGETS = ("auto", "alpha", "calibration", "membership")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 MASC_HINGES = ("one_sided", "two_sided")
 CALIBRATION_MATCHES = ("rank", "token", "prompt", "token_spread", "id_spread")
@@ -108,14 +108,19 @@ def resolve_method(config: Any) -> None:
 DEFAULT_MASC_RIVAL_KL = 10.0
 
 
+#: ``calibration_auc_slack`` of ``stop_target='membership'``: stop at Min-K% AUC >= 0.45 against the calibration
+#: answers (docs/studies/masc_landing.md, section 12: the rule that landed the most reference assignments, in-sample).
+DEFAULT_MEMBERSHIP_AUC_SLACK = 0.05
+
+
 def resolved_for_data(args: Any, has_calibration: bool) -> Any:
     """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
     'calibration' with a calibration set, else 'alpha' / 'rho'), and ``masc_rival_kl`` for that threshold; the
     caller's config is left as it was, so it can be reused for another run with other data. 'calibration' without
     a calibration set is refused."""
-    if args.stop_target == "calibration" and not has_calibration:
+    if args.stop_target in ("calibration", "membership") and not has_calibration:
         raise ValueError(
-            "stop_target='calibration' compares the forget set with data the model never trained on: pass "
+            f"stop_target={args.stop_target!r} compares the forget set with data the model never trained on: pass "
             "calibration_dataset=... (same kind of examples, tokenized the same way), or stop_target='alpha'."
         )
     if args.masc_threshold == "calibration" and not has_calibration:
@@ -128,6 +133,9 @@ def resolved_for_data(args: Any, has_calibration: bool) -> Any:
         if getattr(args, name) == "auto":
             setattr(resolved, name, "calibration" if has_calibration else plain)
             logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
+    if args.stop_target == "membership" and args.calibration_auc_slack is None:
+        resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
+        logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")
     if args.masc_rival_kl is None:
         # Measured with the calibrated threshold only (docs/studies/masc_landing.md, section 4); the paper's fixed tau
         # pushes every margin below it, which the KL slows by far (the paper's mode stays the paper's).
@@ -143,6 +151,7 @@ __all__ = [
     "CALIBRATION_REFERENCES",
     "CUSTOM_METHOD",
     "DEFAULT_MASC_RIVAL_KL",
+    "DEFAULT_MEMBERSHIP_AUC_SLACK",
     "DEFAULT_REFUSALS",
     "FORGET_OBJECTIVES",
     "FORGET_SCORINGS",

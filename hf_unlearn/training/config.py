@@ -149,8 +149,9 @@ class UnlearnConfig(TrainingArguments):
             whose objective stops itself (masc), False otherwise (the rate is still logged).
         stop_target (`str`, *optional*, defaults to `"auto"`):
             When the run is done: 'alpha' (the forget violation rate <= stop_alpha, a fixed rate), 'calibration' (the
-            forget answers' margins no higher than those of the trainer's calibration_dataset, examples of the same
-            kind the model never trained on, measured at the same probe: calibration gap <= calibration_slack), or
+            forget answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples
+            of the same kind, at the same probe: calibration gap <= calibration_slack), 'membership' (beyond the paper:
+            Min-K% AUC of forget against calibration answers >= 0.5 - calibration_auc_slack, no gap condition), or
             'auto': 'calibration' when the trainer has a calibration_dataset, else 'alpha'.
         stop_alpha (`float`, *optional*, defaults to `0.2`):
             stop_target='alpha': stop once the violation rate of the probe <= alpha.
@@ -158,9 +159,9 @@ class UnlearnConfig(TrainingArguments):
             stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the forget
             answers' margins over their never-seen counterparts, see calibration_match) is at most this.
         calibration_auc_slack (`float` or `None`, *optional*, defaults to `None`):
-            stop_target='calibration', beyond the paper: also wait until Min-K% (k 0.4) tells the probe's forget
-            answers from the calibration answers no better than AUC 0.5 - this (e.g. 0.1, compare's membership
-            tolerance). None: the gap alone (docs/stopping.md says what each did where measured).
+            The Min-K% (k 0.4) AUC of the probe's last probe_size forget answers against the calibration answers
+            must reach 0.5 - this: stop_target='membership' (None: 0.05), or with 'calibration' as a second condition
+            (None: the gap alone). Beyond the paper; docs/stopping.md says what each did where measured.
         probe_interval (`int`, *optional*, defaults to `5`):
             Measure the violation rate every this many optimizer steps (0 disables probing).
         stop_probe (`str`, *optional*, defaults to `"train"`):
@@ -183,12 +184,11 @@ class UnlearnConfig(TrainingArguments):
             probe; the fixed retain sample is measured at the start and when that reading is under twice the floor, so
             a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
         calibration_reference (`str`, *optional*, defaults to `"start"`):
-            Which never-seen (calibration) margins the calibrated target and threshold compare the forget margins with.
-            `'start'`: measured once, under the model before unlearning, i.e. what a model that never saw the forget
-            data gives data of that kind (no probe cost after the start). `'current'`: re-measured under the model
-            being trained (near the stop and every `calibration_refresh_every` probes): it follows the model, including
-            the damage unlearning does to similar never-seen data, and the stop chases it
-            (docs/studies/tofu_compare.md).
+            Which never-seen (calibration) margins the calibrated target and threshold compare the forget margins with:
+            'start' (measured once, under the model before unlearning: what a model that never saw the forget data
+            gives such data; no probe cost after the start) or 'current' (re-measured under the model being trained,
+            near the stop and every calibration_refresh_every probes: it follows the damage unlearning does to similar
+            never-seen data, and the stop chases it; docs/studies/tofu_compare.md).
         calibration_refresh_margin (`float` or `None`, *optional*, defaults to `1.0`):
             calibration_reference='current': re-measure the never-seen margins only when the gap against the last ones
             is within this many logits of calibration_slack, or every calibration_refresh_every probes (a stop always
@@ -379,7 +379,7 @@ class UnlearnConfig(TrainingArguments):
         metadata={"help": "Stop once the probe meets the stop target. Default: True for masc, else False."},
     )
     stop_target: str = field(
-        default="auto", metadata={"help": "When the run is done: 'alpha', 'calibration' or 'auto' (see the docs)."}
+        default="auto", metadata={"help": "When the run is done: 'alpha', 'calibration', 'membership' or 'auto'."}
     )
     stop_alpha: float = field(
         default=0.2, metadata={"help": "stop_target='alpha': stop once the violation rate of the probe <= alpha."}
@@ -391,7 +391,7 @@ class UnlearnConfig(TrainingArguments):
     calibration_auc_slack: float | None = field(
         default=None,
         metadata={
-            "help": "stop_target='calibration': also wait until Min-K%% AUC (forget vs calibration) >= 0.5 - this."
+            "help": "Stop (or, with 'calibration', also wait) at Min-K%% AUC (forget vs calibration) >= 0.5 - this."
         },
     )
     probe_interval: int = field(

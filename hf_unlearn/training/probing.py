@@ -8,7 +8,6 @@ violation is."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,14 +25,19 @@ from ..objectives.margin import (
     answer_probabilities,
     calibration_gap,
     exact_reproduction_bound,
+    leave_out_final,
     measure_violations,
+    min_k_per_example,
+    probabilities_of,
     prompt_copies,
     restricted_margin,
     shift_for_causal_lm,
     spread_by_id,
     token_levels,
+    token_log_probs,
     violation_fractions,
 )
+from .probe_checkpoint import ProbeCheckpointing
 
 logger = logging.get_logger(__name__)
 
@@ -111,7 +115,7 @@ def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[
     return [model_inputs(dataset[i]) for i in sorted(order[:size])]
 
 
-class ProbeState:
+class ProbeState(ProbeCheckpointing):
     """Probes, running sums, the calibration margins and the kept weight states of one run.
 
     ``model`` returns the unwrapped model being trained, ``trainable`` its trainable parameters as the optimizer steps
@@ -131,6 +135,7 @@ class ProbeState:
         running: bool,
         calibrated: bool,
         can_snapshot: bool,
+        min_k_leaves_out: int | None = None,
     ) -> None:
         self.args = args
         self.sets = sets
@@ -146,6 +151,12 @@ class ProbeState:
         self.running_margins: list[torch.Tensor] = []  # forget margins since the last probe (calibrated target)
         self.running_tokens: list[torch.Tensor] = []  # and their token ids
         self.running_copied: list[torch.Tensor] = []  # and whether their prompt holds them ('prompt' matching)
+        # The Min-K% stop (calibration_auc_slack) reads the forget answers trained on: their scores since the last
+        # probe, and the last probe_size of them (across probes), the sample its AUC is read on.
+        self.reads_membership = calibrated and args.calibration_auc_slack is not None
+        self.min_k_leaves_out = min_k_leaves_out  # the appended EOS, which the evaluation's attack does not score
+        self.running_min_k: list[torch.Tensor] = []
+        self.recent_min_k = torch.zeros(0, dtype=torch.float64)
         # calibration_match='token'/'prompt'/'token_spread': what the ids the forget answers share are matched with
         self.calibration_levels: NeverSeenLevels | None = None
         self.calibration_margins: torch.Tensor | None = None  # sorted, on the device: the calibrated threshold's
@@ -180,8 +191,12 @@ class ProbeState:
         (:meth:`accumulate_retain`): it needs the current weights and more than one batch to decide (the running retain
         probability lags an update behind and swings far more than a fixed sample: docs/stopping.md)."""
         logits = logits.detach()
-        probabilities, scored = answer_probabilities(logits, labels)
+        log_probs, mask = token_log_probs(logits, labels)  # one log-softmax for the probability and Min-K%
+        probabilities, scored = probabilities_of(log_probs, mask)
         shifted, shifted_labels = shift_for_causal_lm(logits, labels)
+        if self.reads_membership:
+            min_k = min_k_per_example(log_probs, leave_out_final(mask, shifted_labels, self.min_k_leaves_out))
+            self.running_min_k.append(min_k[~torch.isnan(min_k)])
         teacher = None
         if self.args.competitor_source == "teacher":
             teacher, _ = shift_for_causal_lm(reference_logits.detach(), labels)
@@ -228,6 +243,13 @@ class ProbeState:
             sums["forget_margins"], sums["forget_tokens"] = margins.cpu(), tokens.cpu()
             sums["forget_copied"] = copied.bool().cpu()
             self.running_margins, self.running_tokens, self.running_copied = [], [], []
+        if self.running_min_k:
+            min_k = torch.cat(self.running_min_k)
+            if processes > 1:
+                min_k = self.accelerator.gather(self.accelerator.pad_across_processes(min_k, pad_index=float("nan")))
+                min_k = min_k[~torch.isnan(min_k)]
+            sums["forget_min_k"] = min_k.cpu()
+            self.running_min_k = []
         for part, size in (("forget", 3), ("retain", 2)):
             total = self.running_sums.get(part)
             if total is None:
@@ -237,89 +259,6 @@ class ProbeState:
             sums[part] = total.cpu()
         self.running_sums.clear()
         return sums
-
-    def export_running(self) -> dict[str, list[float]]:
-        """The running sums as plain numbers, saved with a checkpoint, with what a resumed run needs to take the
-        same decisions: the forget margins since the last probe (the calibration gap's), the never-seen margins
-        last measured (the loss's thresholds between refreshes) and their answers' Min-K%, the probes since then,
-        and the fixed retain sample's start value (the screen's reference)."""
-        exported = {part: total.tolist() for part, total in self.running_sums.items()}
-        if self.running_margins:  # the calibrated target's forget margins since the last probe, and their tokens
-            exported["forget_margins"] = torch.cat(self.running_margins).cpu().tolist()
-            exported["forget_tokens"] = [float(t) for t in torch.cat(self.running_tokens).cpu().tolist()]
-            if self.running_copied:
-                exported["forget_copied"] = [float(t) for t in torch.cat(self.running_copied).cpu().tolist()]
-        if self.calibration_margins is not None:
-            exported["calibration_margins"] = self.calibration_margins.float().cpu().tolist()
-        if self.calibration_min_k is not None:
-            exported["calibration_min_k"] = self.calibration_min_k.cpu().tolist()
-        if self.calibration_levels is not None:
-            levels = self.calibration_levels
-            exported["calibration_level_ids"] = [float(t) for t in levels.ids.cpu().tolist()]
-            exported["calibration_levels"] = levels.values.float().cpu().tolist()
-            if levels.copied is not None:
-                exported["calibration_copied_margins"] = levels.copied.float().cpu().tolist()
-            if levels.spread is not None:
-                exported["calibration_level_spread"] = levels.spread.float().cpu().tolist()
-            if levels.spread_offsets is not None:
-                exported["calibration_level_spread_offsets"] = [float(t) for t in levels.spread_offsets.cpu().tolist()]
-            exported["calibration_latest"] = [
-                self.calibration_latest.get("violation_rate_calibration", float("nan")),
-                self.calibration_latest.get("calibration_probability", float("nan")),
-            ]
-        exported["probe_state"] = [
-            float(self.probes_since_calibration),
-            float("nan") if self.start_retain_probability is None else self.start_retain_probability,
-        ]
-        return exported
-
-    def restore_running(self, saved: dict[str, list[float]] | None, sums: bool = True) -> None:
-        """Put back what :meth:`export_running` saved. ``sums=False`` (several processes: the checkpoint holds one
-        process's sums) restores only what every process shares: the never-seen margins, the probes since they
-        were measured and the screen's start value."""
-        saved = dict(saved or {})
-        device = self.args.device
-        forget_margins, forget_tokens = saved.pop("forget_margins", None), saved.pop("forget_tokens", None)
-        self.running_margins = (
-            [torch.tensor(forget_margins, dtype=torch.float32, device=device)] if forget_margins else []
-        )
-        self.running_tokens = [torch.tensor(forget_tokens, dtype=torch.long, device=device)] if forget_tokens else []
-        forget_copied = saved.pop("forget_copied", None)
-        self.running_copied = [torch.tensor(forget_copied, device=device).bool()] if forget_copied else []
-        margins = saved.pop("calibration_margins", None)
-        if margins is not None:
-            self.calibration_margins = torch.tensor(margins, dtype=torch.float32, device=device)
-        min_k = saved.pop("calibration_min_k", None)
-        if min_k is not None:
-            self.calibration_min_k = torch.tensor(min_k, dtype=torch.float64)
-        level_ids, levels = saved.pop("calibration_level_ids", None), saved.pop("calibration_levels", None)
-        if level_ids is not None:
-            copied_margins = saved.pop("calibration_copied_margins", None)
-            spread = saved.pop("calibration_level_spread", None)
-            offsets = saved.pop("calibration_level_spread_offsets", None)
-            self.calibration_levels = NeverSeenLevels(
-                torch.tensor(level_ids, dtype=torch.long),
-                torch.tensor(levels, dtype=torch.float32),
-                None if copied_margins is None else torch.tensor(copied_margins, dtype=torch.float32),
-                None if spread is None else torch.tensor(spread, dtype=torch.float32),
-                None if offsets is None else torch.tensor(offsets, dtype=torch.long),
-            ).to(device)
-        latest = saved.pop("calibration_latest", None)
-        if latest is not None:
-            self.calibration_latest = {
-                "violation_rate_calibration": latest[0],
-                "calibration_probability": latest[1],
-            }
-        probe_state = saved.pop("probe_state", None)
-        if probe_state is not None:
-            self.probes_since_calibration = int(probe_state[0])
-            self.start_retain_probability = None if math.isnan(probe_state[1]) else probe_state[1]
-        if not sums:
-            self.running_margins, self.running_tokens, self.running_copied, self.running_sums = [], [], [], {}
-            return
-        self.running_sums = {
-            part: torch.tensor(values, dtype=torch.float64, device=self.args.device) for part, values in saved.items()
-        }
 
     # --- measurements -------------------------------------------------------------------------------------
 
@@ -339,6 +278,7 @@ class ProbeState:
             delta=self.args.competitor_delta,
             reference_logits=reference,
             batch_size=batch_size or max(self.args.per_device_eval_batch_size, 8),
+            min_k_leaves_out=self.min_k_leaves_out,
         )
 
     def calibration_thresholds(self) -> torch.Tensor:
@@ -414,13 +354,15 @@ class ProbeState:
 
     def _membership_due(self, measured: Mapping[str, float]) -> bool:
         """Whether this probe reads the Min-K% AUC of the forget answers against the calibration answers (beyond the
-        MASC paper): only once the calibration gap has met its slack, so the extra forward over the forget sample
-        runs near the stop, not at every probe. Every process decides alike (the gap comes from gathered margins)."""
-        if self.args.calibration_auc_slack is None:  # off: no broadcast at every probe of a distributed run
+        MASC paper): at every probe for ``stop_target='membership'`` (its forget side costs no forward pass: the
+        training forwards' scores, or the probe's own forward); with the gap's stop only once the gap has met its
+        slack. Every process decides alike (the gap comes from gathered margins)."""
+        if not self.reads_membership or self.calibration_min_k is None:
             return False
+        if self.args.stop_target == "membership":
+            return True
         gap = measured.get("calibration_gap")
-        due = gap is not None and gap <= self.args.calibration_slack
-        return bool(self._agree_across_processes(due)) and self.calibration_min_k is not None
+        return bool(self._agree_across_processes(gap is not None and gap <= self.args.calibration_slack))
 
     def _retain_reading(self, running: Mapping[str, torch.Tensor]) -> tuple[float | None, str]:
         """The retain answer probability the utility floor reads at this probe, and where it came from: the retain
@@ -462,6 +404,10 @@ class ProbeState:
                     "margins": running["forget_margins"], "tokens": running["forget_tokens"],
                     "copied": running["forget_copied"],
                 }  # fmt: skip
+            if "forget_min_k" in running:
+                recent = torch.cat([self.recent_min_k, running["forget_min_k"].double()])
+                self.recent_min_k = recent[-self.args.probe_size :]
+                forget_margins.setdefault("train", {})["min_k"] = self.recent_min_k
 
         for name, examples in (("train", self.sets.train), ("holdout", self.sets.holdout)):
             if not examples or f"violation_rate_{name}" in measured:
@@ -491,10 +437,11 @@ class ProbeState:
             measured["calibration_measured"] = float(not stale)
             if self._membership_due(measured):
                 forget = forget_margins.get(self.args.stop_probe, {})
-                if "min_k" not in forget:  # the running 'train' probe: its margins came from the training forwards
+                if "min_k" not in forget:  # no forget batch since the last probe: the fixed sample's forward
                     forget = self._timed("min_k", self.sets.train)
-                measured["calibration_min_k_auc"] = membership_auc(
-                    forget["min_k"].tolist(), self.calibration_min_k.tolist()
+                forget_min_k, never_seen = forget["min_k"], self.calibration_min_k
+                measured["calibration_min_k_auc"] = membership_auc(  # answers with nothing left to score: not read
+                    forget_min_k[~forget_min_k.isnan()].tolist(), never_seen[~never_seen.isnan()].tolist()
                 )
         stop_probe = self.args.stop_probe
         measured["violation_rate"] = measured[f"violation_rate_{stop_probe}"]

@@ -108,6 +108,13 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
     restored = f"; the weights of step {restored_step} were restored" if restored_step is not None else ""
     last = stopping.history[-1] if stopping.history else {}
     if kind == "target":
+        if stopping.target == "membership":
+            return (
+                f"target reached: at step {stopping.stop_step} Min-K% told the last {args.stop_probe} probe answers "
+                f"from never-seen data no better than AUC {last.get('calibration_min_k_auc', float('nan')):.3f} >= "
+                f"{stopping.threshold(last):g} (calibration gap {last.get('calibration_gap', float('nan')):.3f} "
+                f"logits; violation rate {stopping.last_violation_rate:.3f})"
+            )
         if stopping.target == "calibration":
             return (
                 f"target reached: at step {stopping.stop_step} the {args.stop_probe} probe's answers looked no "
@@ -144,7 +151,7 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
             else:
                 measured = f"last violation rate {rate:.3f}"
             threshold = last.get("stop_threshold")
-            target = "" if threshold is None else f", target {threshold:.3f}"
+            target = "" if threshold is None or stopping.target == "membership" else f", target {threshold:.3f}"
             if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None:
                 target += (
                     f"; Min-K% AUC against never-seen data {last['calibration_min_k_auc']:.3f}, target "

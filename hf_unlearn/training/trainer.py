@@ -24,7 +24,7 @@ from transformers.trainer_utils import EvalLoopOutput
 from transformers.utils import logging
 
 from ..data.checks import alternative_answer_examples, check_unlearning_data, warn_if_nothing_is_cut
-from ..data.examples import ensure_pad_token
+from ..data.examples import appended_eos, ensure_pad_token
 from ..data.pairing import (
     ForgetRetainCollator,
     ForgetRetainDataset,
@@ -232,8 +232,9 @@ class UnlearnTrainer(Trainer):
             trainable=self._trainable,
             reference_logits=lambda batch: self.reference_logits(self.model, batch),
             running=runs_from_training_forwards(args, self.forget_objective, self.model),
-            calibrated=args.stop_target == "calibration",
+            calibrated=args.stop_target in ("calibration", "membership"),
             can_snapshot=not self.is_deepspeed_enabled,
+            min_k_leaves_out=appended_eos(self.processing_class, getattr(self.model, "config", None)),
         )
         self.add_callback(RetainPairingCallback(paired))
         # Objectives with state across steps (PDU's dual variable): kept, updated and checkpointed by one callback.
