@@ -207,6 +207,21 @@ def test_membership_target_stops_on_min_k_alone(tmp_path, memorized_llama_state)
     )
 
 
+def test_membership_target_against_the_current_model_reads_a_fresh_reference_at_every_probe(
+    tmp_path, memorized_llama_state
+):
+    """With calibration_reference='current' the calibration answers' Min-K% follows the model: the Min-K% stop can
+    stop at any probe, so they are measured again at every one (the gap's stop refreshes only near its slack)."""
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, max_steps=12, probe_interval=2, stop_target="membership", calibration_reference="current"),
+        FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
+    )  # fmt: skip
+    trainer.train()
+    history = trainer.record.probe_history
+    assert len(history) > 3 and all(h["calibration_measured"] == 1.0 for h in history)
+
+
 @pytest.mark.parametrize(
     ("measured", "met"),
     [

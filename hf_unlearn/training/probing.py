@@ -337,13 +337,15 @@ class ProbeState(ProbeCheckpointing):
         ``calibration_reference='start'``: always (they were measured once, before unlearning). ``'current'``: they
         are re-measured when ``calibration_refresh_margin`` is None, when ``calibration_refresh_every`` probes have
         passed, or when the gap against them is within ``calibration_refresh_margin`` of the stop's slack, so a stop
-        (gap <= slack) is always decided on margins measured at the same probe. The saving is one forward pass over
-        the calibration sample per probe."""
+        (gap <= slack) is always decided on margins measured at the same probe; with ``stop_target='membership'`` at
+        every probe (its AUC can stop any probe). The saving is one forward pass over the calibration sample per
+        probe."""
         if self.calibration_margins is None:
             return False, None
         start_reference = self.args.calibration_reference == "start"
         margin = self.args.calibration_refresh_margin
         due = margin is None or self.probes_since_calibration + 1 >= self.args.calibration_refresh_every
+        due = due or self.args.stop_target == "membership"
         if not start_reference and due:
             return False, None
         stop_probe = self.args.stop_probe
