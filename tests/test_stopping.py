@@ -235,6 +235,23 @@ def test_membership_target_reads_the_auc_not_the_gap(measured, met):
 
     rule = ViolationStoppingCallback(0.2, 1, target="membership", calibration_slack=0.5, calibration_auc_slack=0.05)
     assert rule.target_met(measured, bound=1.0) is met
+    # built by hand without a slack: the same default the trainer resolves (AUC >= 0.45)
+    assert ViolationStoppingCallback(0.2, 1, target="membership").target_met(measured, bound=1.0) is met
+
+
+def test_membership_target_at_its_budget_says_what_the_auc_read(tmp_path, memorized_llama_state):
+    trainer = UnlearnTrainer(
+        fresh(memorized_llama_state),
+        config(tmp_path, max_steps=4, probe_interval=2, stop_target="membership"),
+        FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
+    )  # fmt: skip
+    trainer.train()
+    record, last = trainer.record, trainer.record.probe_history[-1]
+    assert record.stop_kind == "budget" and last["calibration_min_k_auc"] < 0.45
+    assert f"Min-K% AUC against never-seen data {last['calibration_min_k_auc']:.3f}, target >= 0.45" in (
+        record.stop_reason
+    )
+    assert "target 0.450" not in record.stop_reason  # the AUC's threshold is not the violation rate's
 
 
 def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_state):

@@ -70,10 +70,12 @@ def tokenize_text(tokenizer: Any, text: str, max_length: int | None = None) -> d
 
 
 def appended_eos(tokenizer: Any, model_config: Any = None) -> int | None:
-    """The EOS id :func:`tokenize_qa` and :func:`tokenize_text` append after an answer or text, which the evaluation's
-    membership attack does not score; None where nothing is appended: no EOS, or a chat template that ends the
-    assistant's turn with the EOS itself (then the answer's completion holds it and both score it). Without a
-    tokenizer, the model config's EOS (the first, where it lists several)."""
+    """The EOS id :func:`tokenize_qa` appends after an answer in the tokenizer's default format (its chat template,
+    else the plain one), which the evaluation's membership attack does not score; None where nothing is appended: no
+    EOS, or a chat template that ends the assistant's turn with the EOS itself (then the completion holds it and both
+    score it). Without a tokenizer, the model config's EOS (the first, where it lists several). Not covered: data
+    tokenized in another format than the tokenizer's default (``prompt_template``), and :func:`tokenize_text`'s text
+    with such a chat template (it always appends the EOS): there the stop scores one EOS token the attack does not."""
     eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
     if tokenizer is None:
         eos = getattr(model_config, "eos_token_id", None)

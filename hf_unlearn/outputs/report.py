@@ -159,6 +159,7 @@ def plot_history(
     alpha: float | None = None,
     surgery: list[dict] | None = None,
     calibration_slack: float | None = None,
+    auc_threshold: float | None = None,
 ) -> str | None:
     """Violation rate(s), forget/retain answer probability, the calibration gap (with a calibration set) and, with
     gradient surgery, the cosines and conflict fraction over optimizer steps, one PNG."""
@@ -210,6 +211,8 @@ def plot_history(
             ax_auc = ax_gap.twinx()
             ax_auc.plot(steps, [h.get("calibration_min_k_auc") for h in history], "s:", color="tab:red")
             ax_auc.set_ylabel("Min-K% AUC, forget vs never-seen (red)")
+            if auc_threshold is not None:
+                ax_auc.axhline(auc_threshold, color="tab:red", linestyle="--", linewidth=0.8)
         ax_gap.set_xlabel("optimizer step")
         ax_gap.set_ylabel("logits above never-seen margins")
         ax_gap.set_title("Forget vs never-seen margins")
@@ -241,13 +244,14 @@ def write_report(record: UnlearnRecord, output_dir: str) -> dict[str, str]:
         json.dump(record.to_dict(), f, indent=2)
     with open(paths["markdown"], "w") as f:
         f.write(report_markdown(record))
-    calibrated = record.hyperparameters.get("stop_target") == "calibration"
+    target = record.hyperparameters.get("stop_target")
     plot = plot_history(
         record.probe_history,
         os.path.join(output_dir, "training_curves.png"),
-        None if calibrated else record.hyperparameters.get("stop_alpha"),
+        record.hyperparameters.get("stop_alpha") if target == "alpha" else None,
         record.surgery_history,
-        record.hyperparameters.get("calibration_slack") if calibrated else None,
+        record.hyperparameters.get("calibration_slack") if target == "calibration" else None,
+        0.5 - record.hyperparameters["calibration_auc_slack"] if target == "membership" else None,
     )
     if plot:
         paths["plot"] = plot

@@ -19,6 +19,9 @@ logger = logging.get_logger(__name__)
 # "calibration_gap", with the utility floor "retain_probability"; other numbers are recorded too.
 Probe = Callable[[], dict[str, float]]
 STOPPING_TARGETS = ("alpha", "calibration", "membership")
+#: ``calibration_auc_slack`` of ``target='membership'``: stop at Min-K% AUC >= 0.45 against the calibration answers
+#: (docs/studies/masc_landing.md, section 12: the rule that landed the most reference assignments, in-sample).
+DEFAULT_MEMBERSHIP_AUC_SLACK = 0.05
 
 
 class ViolationStoppingCallback(TrainerCallback, ExportableState):
@@ -59,6 +62,8 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     ) -> None:
         if target not in STOPPING_TARGETS:
             raise ValueError(f"target must be one of {STOPPING_TARGETS}, got {target!r}.")
+        if target == "membership" and calibration_auc_slack is None:
+            calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
         self.alpha = alpha
         self.probe_interval = probe_interval
         self.stop = stop

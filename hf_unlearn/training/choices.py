@@ -9,7 +9,6 @@ from typing import Any
 
 from transformers.utils import logging
 
-# The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
 from ..objectives.registry import (
     CUSTOM_METHOD,
     FORGET_OBJECTIVES,
@@ -17,6 +16,9 @@ from ..objectives.registry import (
     RETAIN_OBJECTIVES,
     resolve_hyperparameters,
 )
+
+# The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
+from .callbacks import DEFAULT_MEMBERSHIP_AUC_SLACK
 
 logger = logging.get_logger(__name__)
 
@@ -108,11 +110,6 @@ def resolve_method(config: Any) -> None:
 DEFAULT_MASC_RIVAL_KL = 10.0
 
 
-#: ``calibration_auc_slack`` of ``stop_target='membership'``: stop at Min-K% AUC >= 0.45 against the calibration
-#: answers (docs/studies/masc_landing.md, section 12: the rule that landed the most reference assignments, in-sample).
-DEFAULT_MEMBERSHIP_AUC_SLACK = 0.05
-
-
 def resolved_for_data(args: Any, has_calibration: bool) -> Any:
     """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
     'calibration' with a calibration set, else 'alpha' / 'rho'), and ``masc_rival_kl`` for that threshold; the
@@ -151,7 +148,6 @@ __all__ = [
     "CALIBRATION_REFERENCES",
     "CUSTOM_METHOD",
     "DEFAULT_MASC_RIVAL_KL",
-    "DEFAULT_MEMBERSHIP_AUC_SLACK",
     "DEFAULT_REFUSALS",
     "FORGET_OBJECTIVES",
     "FORGET_SCORINGS",

@@ -244,7 +244,8 @@ class ProbeState(ProbeCheckpointing):
             sums["forget_copied"] = copied.bool().cpu()
             self.running_margins, self.running_tokens, self.running_copied = [], [], []
         if self.running_min_k:
-            min_k = torch.cat(self.running_min_k)
+            # each process's most recent answers, so that the gathered window is the latest steps of all of them
+            min_k = torch.cat(self.running_min_k)[-max(1, self.args.probe_size // processes) :]
             if processes > 1:
                 min_k = self.accelerator.gather(self.accelerator.pad_across_processes(min_k, pad_index=float("nan")))
                 min_k = min_k[~torch.isnan(min_k)]
@@ -439,7 +440,7 @@ class ProbeState(ProbeCheckpointing):
             measured["calibration_measured"] = float(not stale)
             if self._membership_due(measured):
                 forget = forget_margins.get(self.args.stop_probe, {})
-                if "min_k" not in forget:  # no forget batch since the last probe: the fixed sample's forward
+                if "min_k" not in forget:  # a safeguard: the stopping probe's forget side always brings its Min-K%
                     forget = self._timed("min_k", self.sets.train)
                 forget_min_k, never_seen = forget["min_k"], self.calibration_min_k
                 measured["calibration_min_k_auc"] = membership_auc(  # answers with nothing left to score: not read

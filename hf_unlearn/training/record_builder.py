@@ -110,8 +110,13 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
     if kind == "target":
         if stopping.target == "membership":
             return (
-                f"target reached: at step {stopping.stop_step} Min-K% told the last {args.stop_probe} probe answers "
-                f"from never-seen data no better than AUC {last.get('calibration_min_k_auc', float('nan')):.3f} >= "
+                f"target reached: at step {stopping.stop_step} Min-K% told "
+                + (
+                    f"the last {args.probe_size} forget answers trained on"
+                    if args.stop_probe == "train"
+                    else "the held-out forget answers"
+                )
+                + f" from never-seen data no better than AUC {last.get('calibration_min_k_auc', float('nan')):.3f} >= "
                 f"{stopping.threshold(last):g} (calibration gap {last.get('calibration_gap', float('nan')):.3f} "
                 f"logits; violation rate {stopping.last_violation_rate:.3f})"
             )
