@@ -439,10 +439,8 @@ class ProbeState(ProbeCheckpointing):
                     measured["calibration_gap"] = self.gap(forget_margins[self.args.stop_probe])
             measured["calibration_measured"] = float(not stale)
             if self._membership_due(measured):
-                forget = forget_margins.get(self.args.stop_probe, {})
-                if "min_k" not in forget:  # a safeguard: the stopping probe's forget side always brings its Min-K%
-                    forget = self._timed("min_k", self.sets.train)
-                forget_min_k, never_seen = forget["min_k"], self.calibration_min_k
+                # the stopping probe's forget side brings its Min-K%: the training forwards' window, else its forward
+                forget_min_k, never_seen = forget_margins[self.args.stop_probe]["min_k"], self.calibration_min_k
                 measured["calibration_min_k_auc"] = membership_auc(  # answers with nothing left to score: not read
                     forget_min_k[~forget_min_k.isnan()].tolist(), never_seen[~never_seen.isnan()].tolist()
                 )
