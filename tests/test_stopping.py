@@ -239,13 +239,15 @@ def test_membership_target_reads_the_auc_not_the_gap(measured, met):
     assert ViolationStoppingCallback(0.2, 1, target="membership").target_met(measured, bound=1.0) is met
 
 
-def test_membership_target_at_its_budget_says_what_the_auc_read(tmp_path, memorized_llama_state):
+def test_membership_target_at_its_budget_says_what_the_auc_read(tmp_path, memorized_llama_state, caplog):
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
         config(tmp_path, max_steps=4, probe_interval=2, stop_target="membership"),
         FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
     )  # fmt: skip
-    trainer.train()
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    assert "a looser target (a larger calibration_auc_slack)" in caplog.text  # the knob this target reads
     record, last = trainer.record, trainer.record.probe_history[-1]
     assert record.stop_kind == "budget" and last["calibration_min_k_auc"] < 0.45
     assert f"Min-K% AUC against never-seen data {last['calibration_min_k_auc']:.3f}, target >= 0.45" in (
@@ -405,6 +407,7 @@ def test_ending_without_a_stop_says_what_to_change(tmp_path, memorized_llama_sta
         trainer.train()
     assert trainer.record.stop_kind == "budget"
     assert "Unlearning ended without meeting its stopping rule" in caplog.text and "max_steps" in caplog.text
+    assert "a larger stop_alpha" in caplog.text
 
 
 def test_the_stop_is_logged_with_step_and_rates(tmp_path, memorized_llama_state, caplog):
@@ -654,3 +657,21 @@ def test_the_stops_min_k_scores_the_tokens_the_evaluations_attack_scores(tmp_pat
         processing_class=tokenizer, calibration_dataset=build_qa_dataset(load_split("calibration"), tokenizer),
     )  # fmt: skip
     assert trainer.probes.min_k_leaves_out == eos
+
+
+def test_start_reference_reads_every_calibration_answer(tmp_path, monkeypatch):
+    """calibration_reference='start' measures the calibration set once, so it reads all of it (up to
+    START_REFERENCE_SIZE_FACTOR x probe_size); 'current' measures it again during the run, so a probe_size sample."""
+    from hf_unlearn.training import probing
+
+    def calibration_inputs(reference):
+        trainer = UnlearnTrainer(
+            make_tiny_model(), config(tmp_path, probe_size=4, calibration_reference=reference), FORGET, RETAIN,
+            calibration_dataset=NEVER_SEEN,
+        )  # fmt: skip
+        return [e["input_ids"] for e in trainer.probes.sets.calibration]
+
+    assert calibration_inputs("start") == [e["input_ids"] for e in NEVER_SEEN]
+    assert len(calibration_inputs("current")) == 4
+    monkeypatch.setattr(probing, "START_REFERENCE_SIZE_FACTOR", 1)
+    assert len(calibration_inputs("start")) == 4

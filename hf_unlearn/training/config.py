@@ -185,10 +185,10 @@ class UnlearnConfig(TrainingArguments):
             a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
         calibration_reference (`str`, *optional*, defaults to `"start"`):
             Which never-seen (calibration) margins the calibrated target and threshold compare the forget margins with:
-            'start' (measured once, under the model before unlearning: what a model that never saw the forget data
-            gives such data; no probe cost after the start) or 'current' (re-measured under the model being trained,
-            near the stop and every calibration_refresh_every probes: it follows the damage unlearning does to similar
-            never-seen data, and the stop chases it; docs/studies/tofu_compare.md).
+            'start' (every calibration answer, up to 16 x probe_size, measured once under the model before unlearning:
+            what a model that never saw the forget data gives such data) or 'current' (a probe_size sample re-measured
+            under the model being trained, near the stop and every calibration_refresh_every probes: it follows the
+            damage unlearning does to similar never-seen data, and the stop chases it; docs/studies/tofu_compare.md).
         calibration_refresh_margin (`float` or `None`, *optional*, defaults to `1.0`):
             calibration_reference='current': re-measure the never-seen margins only when the gap against the last ones
             is within this many logits of calibration_slack, or every calibration_refresh_every probes (a stop always

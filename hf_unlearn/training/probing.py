@@ -92,10 +92,12 @@ class ProbeSets:
         size: int,
         seed: int,
         score: Callable[[dict[str, Any], int], dict[str, Any]],
+        calibration_size: int | None = None,
     ) -> ProbeSets:
-        """Up to ``size`` examples of each set (seeded, in their order), the forget-like ones through ``score`` (the
-        fixed continuation cut of ``forget_scoring='continuation'``, seeded by the example's index, else unchanged);
-        every held-out forget example (``(index in the forget set, example)`` pairs)."""
+        """Up to ``size`` examples of each set (``calibration_size`` of the calibration set when given; seeded, in
+        their order), the forget-like ones through ``score`` (the fixed continuation cut of
+        ``forget_scoring='continuation'``, seeded by the example's index, else unchanged); every held-out forget
+        example (``(index in the forget set, example)`` pairs)."""
         scored = sorted({t for i, e in enumerate(trained) for t in score(model_inputs(e), i)["labels"] if t >= 0})
         return cls(
             forget_ids=torch.tensor(scored, dtype=torch.long),
@@ -103,11 +105,26 @@ class ProbeSets:
             holdout=[score(model_inputs(e), i) for i, e in held_out],
             retain=_sample(retain, size, seed + 1) if retain is not None else [],
             calibration=(
-                [score(e, i) for i, e in enumerate(_sample(calibration, size, seed + 2))]
+                [score(e, i) for i, e in enumerate(_sample(calibration, calibration_size or size, seed + 2))]
                 if calibration is not None
                 else []
             ),
         )
+
+
+#: calibration_reference='start' measures the calibration set once, so it reads up to this many times probe_size of
+#: it: with a 64-answer sample of 80 (four TOFU authors) the reference's Min-K% AUC read 0.06 lower than on all 80
+#: (docs/studies/masc_landing.md, section 13).
+START_REFERENCE_SIZE_FACTOR = 16
+
+
+def calibration_sample_size(args: Any) -> int:
+    """How many calibration answers the probes measure: every one up to ``START_REFERENCE_SIZE_FACTOR`` x
+    ``probe_size`` when they are measured once (``calibration_reference='start'``), else ``probe_size`` (they are
+    measured again during the run)."""
+    if args.calibration_reference == "start":
+        return args.probe_size * START_REFERENCE_SIZE_FACTOR
+    return args.probe_size
 
 
 def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[dict[str, list[int]]]:

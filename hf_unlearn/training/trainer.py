@@ -49,13 +49,20 @@ from .config import UnlearnConfig
 from .ledger import forget_set_fingerprint, load_ledger, loaded_from
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
-from .probing import ProbeSets, ProbeState, runs_from_training_forwards
+from .probing import ProbeSets, ProbeState, calibration_sample_size, runs_from_training_forwards
 from .record import UnlearnRecord, run_datasets
 from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 from .sharpness import ForgetSAM
 
 logger = logging.get_logger(__name__)
+
+#: What loosens each stop target, named by the budget-exhausted warning.
+LOOSER_TARGET = {
+    "alpha": "a larger stop_alpha, or a calibration_dataset with stop_target='calibration'",
+    "calibration": "a larger calibration_slack, or a larger calibration_auc_slack when it is set",
+    "membership": "a larger calibration_auc_slack",
+}
 
 PARTS = ("forget", "retain")
 _UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
@@ -207,7 +214,14 @@ class UnlearnTrainer(Trainer):
             warn_if_nothing_is_cut(forget, args)
         held_out = [(i, forget[i]) for i in holdout_idx]
         probe_sets = ProbeSets.sample(
-            forget_train, held_out, retain, calibration, args.probe_size, args.seed, score=self._score_forget
+            forget_train,
+            held_out,
+            retain,
+            calibration,
+            args.probe_size,
+            args.seed,
+            score=self._score_forget,
+            calibration_size=calibration_sample_size(args),
         )
         self._datasets = run_datasets(forget, retain, calibration, trained_idx, holdout_idx)
         paired = ForgetRetainDataset(
@@ -595,7 +609,7 @@ class UnlearnTrainer(Trainer):
             logger.warning(
                 f"Unlearning ended without meeting its stopping rule: {self.record.stop_reason}. To let it stop "
                 "itself, give it more steps (max_steps), a larger learning_rate or forget_weight, or a looser "
-                "target (stop_alpha, or a calibration_dataset with stop_target='calibration')."
+                f"target ({LOOSER_TARGET.get(self.args.stop_target, 'stop_alpha')})."
             )
         return output
 
