@@ -162,10 +162,15 @@ def attack_texts(tokenizer, rows, template=None) -> tuple[list[str], list[str]]:
 
 
 def attack_sequences(tokenizer, rows, template=None) -> list[tuple[int, ...]]:
-    """The token sequences an attack's own forward runs over: the prompt with special tokens, the text without."""
+    """The token sequences an attack's own forward runs over: the prompt with special tokens (none when it begins
+    with the BOS already), the text without."""
     texts, prompts = attack_texts(tokenizer, rows, template)
+    bos = tokenizer.bos_token or "\0"
     return [
-        tuple(tokenizer(p)["input_ids"] + tokenizer(t, add_special_tokens=False)["input_ids"])
+        tuple(
+            tokenizer(p, add_special_tokens=not p.startswith(bos))["input_ids"]
+            + tokenizer(t, add_special_tokens=False)["input_ids"]
+        )
         for t, p in zip(texts, prompts, strict=True)
     ]
 
@@ -235,19 +240,43 @@ def test_forward_attacks_read_the_scoring_pass_and_give_their_own_forwards_value
     assert len(rows) == len(texts)
 
 
-def test_texts_whose_tokens_differ_from_the_pass_get_their_own_forward(tokenizer, records):
-    """A chat template that writes its own BOS: the attack encodes the prompt with the tokenizer's special tokens
-    (two BOS), the pass without them (one), so the attack's logits saw another prefix; it is not read from the pass."""
+def chat_tokenizer(writes_bos: bool):
+    """The embedded tokenizer (it adds a BOS) with a chat template that writes its own BOS (as Llama-3's) or none."""
     chat = build_tokenizer(generate_benchmark(num_authors=8), vocab_size=512)
+    bos = "<s>" if writes_bos else ""
     chat.chat_template = (
-        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-        "{% if add_generation_prompt %}<s>assistant:{% endif %}"
+        f"{{% for m in messages %}}{bos}{{{{ m['role'] }}}}: {{{{ m['content'] }}}}</s>{{% endfor %}}"
+        f"{{% if add_generation_prompt %}}{bos}assistant:{{% endif %}}"
     )
+    return chat
+
+
+def test_a_chat_template_that_writes_its_own_bos_is_scored_with_one(records):
+    """The attack encodes such a prompt without the tokenizer's special tokens, as tokenize_qa does: one BOS, the
+    tokens the model was trained on, so the scores are read from the pass and equal the attack's own forward."""
+    chat = chat_tokenizer(writes_bos=True)
     model = tiny_model(chat, "llama", seed=12, **SMALL)
     rows = records[:5]
     texts, prompts = attack_texts(chat, rows)
     scored = score_qa_records(model, chat, rows, reads=attack_reads(FORWARD_ATTACKS))
-    assert scored[0].input_ids[:2] != tuple(chat(prompts[0])["input_ids"][:2])  # one BOS against two
+    assert all(s.input_ids[:2] == (chat.bos_token_id, s.input_ids[1]) != (chat.bos_token_id,) * 2 for s in scored)
+    assert [s.input_ids for s in scored] == attack_sequences(chat, rows)  # the same tokens (the template's EOS)
+    forwards = forwarded_rows(model)
+    new = membership_scores(model, chat, texts, prompts=prompts, scored=scored)
+    assert forwards == []  # read from the pass
+    assert_same_scores(new, membership_scores(model, chat, texts, prompts=prompts))
+
+
+def test_texts_whose_tokens_differ_from_the_pass_get_their_own_forward(records):
+    """A chat template that writes no BOS for a tokenizer that adds one: the attack encodes the prompt with the
+    tokenizer's special tokens (a BOS), the pass without them, so the attack's logits saw another prefix; it is not
+    read from the pass."""
+    chat = chat_tokenizer(writes_bos=False)
+    model = tiny_model(chat, "llama", seed=12, **SMALL)
+    rows = records[:5]
+    texts, prompts = attack_texts(chat, rows)
+    scored = score_qa_records(model, chat, rows, reads=attack_reads(FORWARD_ATTACKS))
+    assert scored[0].input_ids[0] != chat.bos_token_id == attack_sequences(chat, rows)[0][0]
     forwards = forwarded_rows(model)
     new = membership_scores(model, chat, texts, prompts=prompts, scored=scored)
     assert sorted(forwards) == sorted(attack_sequences(chat, rows))

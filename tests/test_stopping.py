@@ -626,7 +626,7 @@ def smollm2_tokenizer():
 
 @pytest.mark.parametrize(
     ("architecture", "template"),
-    [("llama", "plain"), ("qwen2", "smollm2"), ("gpt2", "turn_ends_with_eos")],
+    [("llama", "plain"), ("qwen2", "smollm2"), ("gpt2", "turn_ends_with_eos"), ("llama", "bos_template")],
 )
 def test_the_stops_min_k_scores_the_tokens_the_evaluations_attack_scores(tmp_path, request, architecture, template):
     """The Min-K% the membership stop reads of a tokenized answer equals what the region's attack
@@ -640,6 +640,12 @@ def test_the_stops_min_k_scores_the_tokens_the_evaluations_attack_scores(tmp_pat
 
     if template == "plain":
         tokenizer = build_tokenizer()  # no chat template: the plain question/answer format
+    elif template == "bos_template":  # a tokenizer that adds a BOS and a chat template that writes its own (Llama-3)
+        tokenizer = build_tokenizer()
+        tokenizer.chat_template = (
+            "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}"
+        )
     else:
         tokenizer = copy.deepcopy(request.getfixturevalue("smollm2_tokenizer"))
         if template == "turn_ends_with_eos":  # the assistant's turn ends with the EOS itself, no newline after it
@@ -649,6 +655,8 @@ def test_the_stops_min_k_scores_the_tokens_the_evaluations_attack_scores(tmp_pat
     examples = list(build_qa_dataset(records[:6], tokenizer))
     eos = appended_eos(tokenizer)
     assert eos == (None if template == "turn_ends_with_eos" else tokenizer.eos_token_id)
+    if template == "bos_template":  # training has the template's BOS once
+        assert examples[0]["input_ids"][:2] != [tokenizer.bos_token_id] * 2
     assert all(e["labels"][-1] == tokenizer.eos_token_id for e in examples)  # training always ends on the EOS
     probe = measure_violations(model, examples, tokenizer.pad_token_id, k=10, tau=0.0, min_k_leaves_out=eos)
     assert probe["min_k"].tolist() == pytest.approx(qa_attack_scores(model, tokenizer, records[:6]), abs=1e-5)

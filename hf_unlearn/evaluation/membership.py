@@ -99,8 +99,8 @@ def token_statistics(
 
     Texts are tokenized with the tokenizer's special tokens (BOS where it adds one) and cut to ``max_length``. With
     ``prompts``, each text is the continuation of its prompt: the prompt is encoded first (special tokens
-    included), the text after it without special tokens, and only the text's tokens are returned (what a model
-    trained with the prompt masked actually learned, e.g. the answer of a QA pair).
+    included, unless it begins with the BOS already), the text after it without special tokens, and only the text's
+    tokens are returned (what a model trained with the prompt masked actually learned, e.g. the answer of a QA pair).
     """
     encoded, starts = _encode(tokenizer, texts, max_length, prompts)
     return _forward_statistics(model, pad_token_id_of(tokenizer), encoded, starts, batch_size, show_progress)
@@ -156,8 +156,9 @@ def statistics_from_scores(
     A score holds a text when the text's tokens are the example's, or the example's but for the EOS that
     :func:`hf_unlearn.data.tokenize_qa` appends, and the text's scored tokens start where the example's answer
     does: the logits at every scored position then saw the same prefix, so the values are those of the text's own
-    forward (to float tolerance: the batch and its padding differ). Any other difference (a BOS the tokenizer adds
-    before a chat template's own, a text cut at ``max_length``) is not found and gets the text's own pass."""
+    forward (to float tolerance: the batch and its padding differ). Any other difference (a text cut at
+    ``max_length``; a BOS the tokenizer adds before a chat template that writes none) is not found and gets the
+    text's own pass."""
     found: dict[tuple[int, tuple[int, ...]], AnswerScores] = {}
     for score in scored:
         if score.input_ids is None or score.token_log_probs is None or (moments and score.token_mean is None):
@@ -179,11 +180,18 @@ def statistics_from_scores(
 
 
 def _encode(tokenizer: Any, texts: Sequence[str], max_length: int, prompts: Sequence[str] | None):
-    """Token ids of each text (after its prompt, when given) and where its scored tokens start."""
+    """Token ids of each text (after its prompt, when given) and where its scored tokens start. A prompt that
+    already begins with the tokenizer's BOS (a chat template that writes its own, as Llama-3's does) gets no second
+    one: it is encoded as :func:`hf_unlearn.data.tokenize_qa` encodes a chat prompt, so the attack scores the tokens
+    the model was trained and is evaluated on."""
     if prompts is not None:
         if len(prompts) != len(texts):
             raise ValueError(f"Got {len(prompts)} prompts for {len(texts)} texts.")
-        heads = [list(tokenizer(prompt)["input_ids"]) for prompt in prompts]
+        bos = getattr(tokenizer, "bos_token", None)
+        heads = [
+            list(tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"])
+            for prompt in prompts
+        ]
         tails = [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts]
         return [(head + tail)[:max_length] for head, tail in zip(heads, tails, strict=True)], [len(h) for h in heads]
     encoded = [list(tokenizer(text)["input_ids"])[:max_length] for text in texts]
