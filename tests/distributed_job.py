@@ -79,6 +79,7 @@ def main(
     dtype: str,
     optim: str,
     learning_rate: float,
+    stop_target: str,
 ) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -92,6 +93,11 @@ def main(
     # gradients summed against one whole-batch gradient) at float64 rounding, ~1e-16, which no CPU's kernels can push
     # near the tests' tolerances. In float32 it was ~1e-7 and, on AVX-512 kernels, past rtol 1e-4 on near-zero
     # coordinates. DeepSpeed trains in float32 whatever it is given, so its comparison runs in float32.
+    # stop_target='membership': the Min-K% window each rank sends is gathered. Its reference: half memorised answers
+    # (retain ones), half never seen, so the AUC starts near 0.25 and moves as the forget answers fall below them.
+    calibration = (
+        retain[:4] + [make_varied_example(2000 + i) for i in range(4)] if stop_target == "membership" else None
+    )
     dtype = getattr(torch, dtype)
     model = memorize(make_tiny_model("llama"), forget + retain, steps=60, lr=2e-2).to(dtype)
     args = UnlearnConfig(
@@ -104,6 +110,8 @@ def main(
         retain_weight=1.5,
         max_grad_norm=0.0,
         stop_alpha=0.3,
+        stop_target=stop_target,
+        probe_size=16,
         probe_interval=2,
         max_steps=30,
         gradient_surgery=surgery,
@@ -131,7 +139,9 @@ def main(
         result_extra = {"loaded_partitioned": all(hasattr(p, "ds_id") for p in model.parameters())}
     else:
         result_extra = {}
-    trainer = UnlearnTrainer(model=model, args=args, train_dataset=forget, retain_dataset=retain)
+    trainer = UnlearnTrainer(
+        model=model, args=args, train_dataset=forget, retain_dataset=retain, calibration_dataset=calibration
+    )
     first = FirstGradient(trainer.accelerator.unwrap_model(trainer.model))
     trainer.add_callback(first)
     held = StateBytesCallback(trainer)  # what this process holds before each optimizer step
@@ -189,6 +199,7 @@ if __name__ == "__main__":
     parser.add_argument("--dtype", default="float64", choices=["float64", "float32"])
     parser.add_argument("--optim", default="adamw_torch")
     parser.add_argument("--learning_rate", type=float, default=3e-3)
+    parser.add_argument("--stop_target", default="alpha", choices=["alpha", "membership"])
     options = parser.parse_args()
     main(options.out_dir, options.surgery, options.global_batch, options.backend, options.accumulation,
-         options.retain_loss, options.dtype, options.optim, options.learning_rate)  # fmt: skip
+         options.retain_loss, options.dtype, options.optim, options.learning_rate, options.stop_target)  # fmt: skip

@@ -192,3 +192,30 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
     # Whole weights were saved (under ZeRO-3 gathered from the partitions, not the empty placeholders).
     saved = load_file(tmp_path / "out" / "model.safetensors")
     assert all(tensor.numel() > 0 for tensor in saved.values())
+
+
+@pytest.mark.slow
+def test_the_calibrated_hinge_and_the_membership_stop_match_one_process(tmp_path):
+    """stop_target='membership' (a calibration set: the hinge's rank-matched never-seen thresholds) with two
+    processes. The thresholds rank each token among the whole micro-batch's tokens, gathered from both processes, so
+    the first gradient and the final weights are one process's (before: each process ranked its half, 0.13 off at the
+    first step). Each process sends its latest probe_size / 2 Min-K% scores and the gathered window holds the answers
+    one process's holds, so every probe reads the same AUC and both ranks stop where one process does."""
+    options = ["--stop_target", "membership"]
+    (rank0, weights0), (rank1, _) = launch(tmp_path / "two", 2, "sum", options=options)
+    ((one, one_weights),) = launch(tmp_path / "one", 1, "sum", options=options)
+    for name, grad in one["grads"].items():
+        torch.testing.assert_close(rank0["grads"][name], grad, **GRADIENT_TOLERANCE)
+    for name, weight in one_weights.items():
+        torch.testing.assert_close(weights0[name], weight, **WEIGHT_TOLERANCE)
+
+    def aucs(result):
+        return [(h["step"], h.get("calibration_min_k_auc")) for h in result["history"]]
+
+    read = [auc for _, auc in aucs(one) if auc is not None]
+    assert len(read) >= 3 and len(set(read)) > 1, one["history"]  # the window moved between probes
+    assert [step for step, _ in aucs(rank0)] == [step for step, _ in aucs(rank1)] == [step for step, _ in aucs(one)]
+    for (_, two_procs), (_, other_rank), (_, single) in zip(aucs(rank0), aucs(rank1), aucs(one), strict=True):
+        assert two_procs == other_rank and (two_procs is None) == (single is None)
+        assert single is None or two_procs == pytest.approx(single, abs=1e-9)
+    assert one["stop_step"] is not None and rank0["stop_step"] == rank1["stop_step"] == one["stop_step"]

@@ -98,13 +98,12 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
         if levels is not None and levels.copied is not None and inputs.input_ids is not None:  # 'prompt' matching
             copied = prompt_copies(inputs.input_ids, inputs.labels, inputs.attention_mask)[:, 1:][result.mask]
         thresholds = torch.zeros_like(result.margins)
-        thresholds[result.mask] = matched_thresholds(
-            result.margins[result.mask].detach(),
-            inputs.calibration_margins,
-            tokens=labels[result.mask],
-            levels=levels,
-            copied=copied,
+        (margins, tokens, copied), own = gathered_across_processes(
+            [result.margins[result.mask].detach(), labels[result.mask], copied]
         )
+        matched = matched_thresholds(margins, inputs.calibration_margins, tokens=tokens, levels=levels, copied=copied)
+        # The never-seen margins are kept in float32; a float64 model's margins are not.
+        thresholds[result.mask] = matched[own].to(thresholds.dtype)
         tau = thresholds
     two_sided = config.masc_hinge == "two_sided" and config.masc_threshold == "calibration"
     loss = masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)
@@ -136,3 +135,38 @@ def rival_kl(
     # The answer token's own column is -inf in both: 0 * (-inf) is masked out explicitly.
     per_token = torch.where(teacher_log.isfinite(), teacher_log.exp() * (teacher_log - student_log), 0.0).sum(-1)
     return per_token.sum() / (num_items if num_items is not None else mask.sum().clamp(min=1))
+
+
+def gathered_across_processes(
+    tokens: list[torch.Tensor | None],
+) -> tuple[list[torch.Tensor | None], slice]:
+    """Per-token 1-D tensors of every data-parallel process, concatenated in rank order, and the slice of them that is
+    this process's. Under DDP, FSDP or ZeRO each process holds part of the micro-batch, and a rank-matched threshold
+    (:func:`~hf_unlearn.objectives.margin.matched_thresholds`) is a token's rank among every token of the call: ranked
+    among the whole micro-batch's tokens, the thresholds are those of one process on the same batch (tested). A
+    ``None`` stays ``None``; every process must call this (the loss runs in lockstep)."""
+    count = 0 if tokens[0] is None else tokens[0].numel()
+    whole = slice(0, count)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return tokens, whole
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return tokens, whole
+    device = tokens[0].device
+    sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
+    torch.distributed.all_gather(sizes, torch.tensor([count], dtype=torch.long, device=device))
+    counts = [int(size) for size in sizes]
+    gathered: list[torch.Tensor | None] = []
+    for tensor in tokens:
+        if tensor is None:
+            gathered.append(None)
+            continue
+        as_sent = tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor  # gloo does not send bool
+        padded = torch.zeros(max(counts), dtype=as_sent.dtype, device=device)
+        padded[:count] = as_sent
+        parts = [torch.empty_like(padded) for _ in range(world)]
+        torch.distributed.all_gather(parts, padded)
+        joined = torch.cat([part[:n] for part, n in zip(parts, counts, strict=True)])
+        gathered.append(joined.bool() if tensor.dtype == torch.bool else joined)
+    start = sum(counts[: torch.distributed.get_rank()])
+    return gathered, slice(start, start + count)
