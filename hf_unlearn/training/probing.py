@@ -113,8 +113,8 @@ class ProbeSets:
 
 
 #: calibration_reference='start' measures the calibration set once, so it reads up to this many times probe_size of
-#: it: with a 64-answer sample of 80 (four TOFU authors) the reference's Min-K% AUC read 0.06 lower than on all 80
-#: (docs/studies/masc_landing.md, section 13).
+#: it: a probe_size sample of a few authors' answers moves the reference's Min-K% AUC by about the region's
+#: tolerance (docs/studies/masc_landing.md, sections 13-14).
 START_REFERENCE_SIZE_FACTOR = 16
 
 
