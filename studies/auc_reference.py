@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import statistics
+from typing import Any
 
 from peft import PeftModel
 
@@ -23,6 +24,20 @@ from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.evaluation.bundle import qa_attack_scores
 from hf_unlearn.evaluation.membership import membership_auc
 from hf_unlearn.jobs.compare_setups import tofu_setting
+
+
+def split_and_run(tofu_dir: str, author_offset: int, run: str, seed: int = 0) -> tuple[Any, Any]:
+    """masc_landing's split (four calibration and four holdout authors; the target and the never-trained model from
+    compare's cache) and the run's saved adapter on a copy of the target, in eval mode."""
+    cli = CompareArguments(
+        benchmark="tofu", tofu_dir=tofu_dir, author_offset=author_offset, seeds=[seed],
+        num_retain_authors=4, num_calibration_authors=4, num_holdout_authors=4, real_knowledge_size=50,
+        lora_dropout=0.0,
+    )  # fmt: skip
+    setting = tofu_setting(cli)
+    copy = type(setting.target_model)(setting.target_model.config)
+    copy.load_state_dict(setting.target_model.state_dict())
+    return setting, PeftModel.from_pretrained(copy, os.path.join(run, "adapter")).eval()
 
 
 def main() -> None:
@@ -33,19 +48,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="The run's seed (the probe's calibration sample).")
     parser.add_argument("--probe_size", type=int, default=64)
     args = parser.parse_args()
-    cli = CompareArguments(
-        benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[args.seed],
-        num_retain_authors=4, num_calibration_authors=4, num_holdout_authors=4, real_knowledge_size=50,
-        lora_dropout=0.0,
-    )  # fmt: skip
-    setting = tofu_setting(cli)
-    copy = type(setting.target_model)(setting.target_model.config)
-    copy.load_state_dict(setting.target_model.state_dict())
-    models = {
-        "target": setting.target_model,
-        "never_trained": setting.reference_model,
-        "run": PeftModel.from_pretrained(copy, os.path.join(args.run, "adapter")).eval(),
-    }
+    setting, run = split_and_run(args.tofu_dir, args.author_offset, args.run, args.seed)
+    models = {"target": setting.target_model, "never_trained": setting.reference_model, "run": run}
     roles = {
         "forget": setting.forget_records, "calibration": setting.calibration_records,
         "holdout": setting.holdout_records,

@@ -17,12 +17,10 @@ import os
 import random
 import statistics
 
-from peft import PeftModel
+from auc_reference import split_and_run
 
-from hf_unlearn.cli.arguments import CompareArguments
 from hf_unlearn.evaluation.bundle import qa_attack_scores
 from hf_unlearn.evaluation.membership import membership_auc
-from hf_unlearn.jobs.compare_setups import tofu_setting
 
 
 def window_aucs(
@@ -52,15 +50,7 @@ def main() -> None:
     parser.add_argument("--probe_size", type=int, default=64)
     parser.add_argument("--batch_size", type=int, default=4)
     args = parser.parse_args()
-    cli = CompareArguments(
-        benchmark="tofu", tofu_dir=args.tofu_dir, author_offset=args.author_offset, seeds=[0],
-        num_retain_authors=4, num_calibration_authors=4, num_holdout_authors=4, real_knowledge_size=50,
-        lora_dropout=0.0,
-    )  # fmt: skip
-    setting = tofu_setting(cli)
-    copy = type(setting.target_model)(setting.target_model.config)
-    copy.load_state_dict(setting.target_model.state_dict())
-    run = PeftModel.from_pretrained(copy, os.path.join(args.run, "adapter")).eval()
+    setting, run = split_and_run(args.tofu_dir, args.author_offset, args.run)
     calibration = qa_attack_scores(
         setting.target_model, setting.tokenizer, [dict(r) for r in setting.calibration_records]
     )
