@@ -138,26 +138,26 @@ def rival_kl(
 
 
 def gathered_across_processes(
-    tokens: list[torch.Tensor | None],
+    per_token: list[torch.Tensor | None],
 ) -> tuple[list[torch.Tensor | None], slice]:
     """Per-token 1-D tensors of every data-parallel process, concatenated in rank order, and the slice of them that is
     this process's. Under DDP, FSDP or ZeRO each process holds part of the micro-batch, and a rank-matched threshold
     (:func:`~hf_unlearn.objectives.margin.matched_thresholds`) is a token's rank among every token of the call: ranked
     among the whole micro-batch's tokens, the thresholds are those of one process on the same batch (tested). A
     ``None`` stays ``None``; every process must call this (the loss runs in lockstep)."""
-    count = 0 if tokens[0] is None else tokens[0].numel()
+    count = 0 if per_token[0] is None else per_token[0].numel()
     whole = slice(0, count)
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return tokens, whole
+        return per_token, whole
     world = torch.distributed.get_world_size()
     if world == 1:
-        return tokens, whole
-    device = tokens[0].device
+        return per_token, whole
+    device = per_token[0].device
     sizes = [torch.zeros(1, dtype=torch.long, device=device) for _ in range(world)]
     torch.distributed.all_gather(sizes, torch.tensor([count], dtype=torch.long, device=device))
     counts = [int(size) for size in sizes]
     gathered: list[torch.Tensor | None] = []
-    for tensor in tokens:
+    for tensor in per_token:
         if tensor is None:
             gathered.append(None)
             continue

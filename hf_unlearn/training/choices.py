@@ -9,6 +9,7 @@ from typing import Any
 
 from transformers.utils import logging
 
+# The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
 from ..objectives.registry import (
     CUSTOM_METHOD,
     FORGET_OBJECTIVES,
@@ -16,8 +17,6 @@ from ..objectives.registry import (
     RETAIN_OBJECTIVES,
     resolve_hyperparameters,
 )
-
-# The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
 from .callbacks import DEFAULT_MEMBERSHIP_AUC_SLACK
 
 logger = logging.get_logger(__name__)
