@@ -53,12 +53,15 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(
 ):
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
-        config(tmp_path, calibration_reference=reference, calibration_match=match, calibration_auc_slack=None),
+        config(
+            tmp_path, stop_target="calibration", calibration_reference=reference, calibration_match=match,
+            calibration_auc_slack=None,
+        ),
         FORGET,
         RETAIN,
         calibration_dataset=NEVER_SEEN,
-    )
-    # 'auto' with calibration data: the calibrated stop, and the hinge's thresholds from the never-seen margins.
+    )  # fmt: skip
+    # 'auto' with calibration data: the hinge's thresholds from the never-seen margins.
     assert trainer.args.stop_target == "calibration" and trainer.args.masc_threshold == "calibration"
     start_margins = {}
     original = trainer.probes.measure_margins
@@ -148,7 +151,7 @@ def test_calibrated_stop_also_waits_for_min_k_to_read_the_forget_answers_as_neve
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
         config(tmp_path, max_steps=60, learning_rate=1e-3, probe_interval=1, calibration_slack=gap_slack,
-               calibration_auc_slack=slack, probe_size=16, per_device_train_batch_size=8),
+               calibration_auc_slack=slack, probe_size=16, per_device_train_batch_size=8, stop_target="calibration"),
         FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
     )  # fmt: skip
     steps = ForgetMinKAtEachStep(trainer)
@@ -261,7 +264,7 @@ def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_
     never-seen facts sit far lower: the calibration gap stays open and the run uses its budget."""
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
-        config(tmp_path, masc_threshold="rho", max_steps=20),
+        config(tmp_path, masc_threshold="rho", max_steps=20, stop_target="calibration"),
         FORGET,
         RETAIN,
         calibration_dataset=NEVER_SEEN,
@@ -274,6 +277,23 @@ def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_
     last = record.probe_history[-1]
     assert f"last calibration gap {last['calibration_gap']:.3f} logits" in record.stop_reason
     assert record.stop_reason.endswith(f"target {last['stop_threshold']:.3f})")
+
+
+def test_auto_is_the_min_k_stop_with_calibration_data_and_the_papers_without(tmp_path, memorized_llama_state):
+    """'auto' resolves for the data the trainer got: with a calibration set the Min-K% stop at AUC 0.45 and the
+    calibrated hinge with id_spread matching; without one the paper's fixed alpha and tau. A value given stays."""
+    with_data = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN, calibration_dataset=NEVER_SEEN
+    ).args
+    assert (with_data.stop_target, with_data.masc_threshold) == ("membership", "calibration")
+    assert (with_data.calibration_auc_slack, with_data.calibration_match) == (0.05, "id_spread")
+    without = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN).args
+    assert (without.stop_target, without.masc_threshold, without.calibration_auc_slack) == ("alpha", "rho", None)
+    given = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path, stop_target="calibration"), FORGET, RETAIN,
+        calibration_dataset=NEVER_SEEN,
+    ).args  # fmt: skip
+    assert (given.stop_target, given.calibration_auc_slack) == ("calibration", None)
 
 
 @pytest.mark.parametrize("target", ["calibration", "membership"])
@@ -484,7 +504,7 @@ def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state,
     for running in (True, False):
         trainer = UnlearnTrainer(
             fresh(memorized_llama_state),
-            config(tmp_path, running_probe=running, stop_alpha=0.0, max_steps=8, **extra),
+            config(tmp_path, running_probe=running, stop_alpha=0.0, max_steps=8, stop_target="calibration", **extra),
             FORGET,
             RETAIN,
             calibration_dataset=NEVER_SEEN,
@@ -554,8 +574,8 @@ def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_
 
 @pytest.mark.slow
 def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_examples(tmp_path):
-    """The embedded benchmark's calibration authors (never learned) give the stop its target; and with every
-    default (lr 1e-4, no budget given) a 10-example forget set stops itself."""
+    """The embedded benchmark's calibration authors (never learned) give the stop its target (Min-K%, the default
+    with them); and with every default (lr 1e-4, no budget given) a 10-example forget set stops itself."""
     from hf_unlearn.benchmarks import learn_target_model, load_split
 
     model, tokenizer, _ = learn_target_model(show_progress=False)
@@ -567,9 +587,10 @@ def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_exa
     trainer = UnlearnTrainer(model, args, forget, retain, processing_class=tokenizer, calibration_dataset=calibration)
     trainer.train()
     record = trainer.record
-    assert record.stop_kind == "target" and record.hyperparameters["stop_target"] == "calibration"
+    # 'auto' with a calibration set: the Min-K% stop, at AUC >= 0.45 against the calibration answers
+    assert record.stop_kind == "target" and record.hyperparameters["stop_target"] == "membership"
     last = record.probe_history[-1]
-    assert last["calibration_gap"] <= 0.5 < record.probe_history[0]["calibration_gap"]
+    assert last["calibration_min_k_auc"] >= 0.45 > record.probe_history[0]["calibration_min_k_auc"]
     start = record.probe_history[0]
     assert start["violation_rate_train"] > 0.9 > start["violation_rate_calibration"]
 
@@ -586,7 +607,7 @@ def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_exa
 
 
 def test_masc_rival_kl_is_on_with_a_calibrated_threshold_and_off_with_the_papers(tmp_path, memorized_llama_state):
-    """masc_rival_kl=None (the default) resolves to 10 when the threshold is calibrated and to 0 with the paper's
+    """masc_rival_kl=None (the default) resolves to 5 when the threshold is calibrated and to 0 with the paper's
     fixed tau; the start model is kept for it only when it is on (a retain term that needs none: NLL); a given value
     stays as given, and the run record holds the resolved one."""
     from hf_unlearn.training.choices import DEFAULT_MASC_RIVAL_KL
@@ -599,7 +620,7 @@ def test_masc_rival_kl_is_on_with_a_calibrated_threshold_and_off_with_the_papers
         )
 
     on, off = trainer(True), trainer(False)
-    assert (on.args.masc_rival_kl, off.args.masc_rival_kl) == (DEFAULT_MASC_RIVAL_KL, 0.0) == (10.0, 0.0)
+    assert (on.args.masc_rival_kl, off.args.masc_rival_kl) == (DEFAULT_MASC_RIVAL_KL, 0.0) == (5.0, 0.0)
     assert on.ref_model is not None and off.ref_model is None
     assert (
         trainer(False, masc_rival_kl=2.5).args.masc_rival_kl == 2.5

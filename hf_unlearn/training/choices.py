@@ -104,16 +104,21 @@ def resolve_method(config: Any) -> None:
         )
 
 
-#: ``masc_rival_kl``'s weight with a calibrated threshold (chosen on the demo's seeds: 5 and 10 land on 3 of 3, 3 on 2,
-#: 20 and 30 do not stop within the budget).
-DEFAULT_MASC_RIVAL_KL = 10.0
+#: ``masc_rival_kl``'s weight with a calibrated threshold: 5 and 10 land the demo on 3 of 3 seeds (3 on 2, 20 and 30 do
+#: not stop within the budget); with the Min-K% stop, 5 is the weight that landed TOFU (docs/studies/masc_landing.md,
+#: sections 4 and 13-15).
+DEFAULT_MASC_RIVAL_KL = 5.0
+
+#: What ``'auto'`` resolves to with a calibration set: the Min-K% stop (beyond the paper), measured against the
+#: calibration gap's stop in docs/studies/masc_landing.md sections 12-15.
+AUTO_TARGETS = {"stop_target": "membership", "masc_threshold": "calibration"}
 
 
 def resolved_for_data(args: Any, has_calibration: bool) -> Any:
     """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
-    'calibration' with a calibration set, else 'alpha' / 'rho'), and ``masc_rival_kl`` for that threshold; the
-    caller's config is left as it was, so it can be reused for another run with other data. 'calibration' without
-    a calibration set is refused."""
+    'membership' / 'calibration' with a calibration set, else 'alpha' / 'rho'), and ``masc_rival_kl`` and
+    ``calibration_auc_slack`` for them; the caller's config is left as it was, so it can be reused for another run
+    with other data. 'calibration' or 'membership' without a calibration set is refused."""
     if args.stop_target in ("calibration", "membership") and not has_calibration:
         raise ValueError(
             f"stop_target={args.stop_target!r} compares the forget set with data the model never trained on: pass "
@@ -127,9 +132,9 @@ def resolved_for_data(args: Any, has_calibration: bool) -> Any:
     resolved = copy.copy(args)
     for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
         if getattr(args, name) == "auto":
-            setattr(resolved, name, "calibration" if has_calibration else plain)
+            setattr(resolved, name, AUTO_TARGETS[name] if has_calibration else plain)
             logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
-    if args.stop_target == "membership" and args.calibration_auc_slack is None:
+    if resolved.stop_target == "membership" and args.calibration_auc_slack is None:
         resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
         logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")
     if args.masc_rival_kl is None:

@@ -123,7 +123,7 @@ class UnlearnConfig(TrainingArguments):
             MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down to tau -
             eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its never-seen
             counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided.
-        calibration_match (`str`, *optional*, defaults to `"token"`):
+        calibration_match (`str`, *optional*, defaults to `"id_spread"`):
             How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the never-seen
             margin at its rank), 'token' (beyond the paper: a token the never-seen answers use too gets that token's
             mean never-seen margin, the forget answers' own words are matched by rank to theirs), 'token_spread' (as
@@ -140,7 +140,7 @@ class UnlearnConfig(TrainingArguments):
             distribution over the *other* tokens (the target left out and the rest renormalised) where the frozen
             start model has it, so the hinge may lower the forgotten token but not make one frequent rival (a year,
             a word piece) the answer everywhere. Needs the start model's logits (one more forward of the forget batch).
-            None: 10 with a calibrated threshold (masc_threshold resolved to 'calibration'), 0 with the paper's tau.
+            None: 5 with a calibrated threshold (masc_threshold resolved to 'calibration'), 0 with the paper's tau.
 
     > Parameters that control the stopping rule (§3, and the calibrated target)
 
@@ -152,7 +152,7 @@ class UnlearnConfig(TrainingArguments):
             forget answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples
             of the same kind, at the same probe: calibration gap <= calibration_slack), 'membership' (beyond the paper:
             Min-K% AUC of forget against calibration answers >= 0.5 - calibration_auc_slack, no gap condition), or
-            'auto': 'calibration' when the trainer has a calibration_dataset, else 'alpha'.
+            'auto': 'membership' when the trainer has a calibration_dataset, else 'alpha'.
         stop_alpha (`float`, *optional*, defaults to `0.2`):
             stop_target='alpha': stop once the violation rate of the probe <= alpha.
         calibration_slack (`float`, *optional*, defaults to `0.5`):
@@ -357,7 +357,7 @@ class UnlearnConfig(TrainingArguments):
         metadata={"help": "MASC with a calibrated threshold: 'one_sided' (the paper's) or 'two_sided' (beyond it)."},
     )
     calibration_match: str = field(
-        default="token",
+        default="id_spread",
         metadata={"help": "How a forget token finds its never-seen match: " + ", ".join(CALIBRATION_MATCHES) + "."},
     )
     competitor_source: str = field(
