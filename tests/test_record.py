@@ -40,6 +40,39 @@ def test_stop_reasons_say_what_ended_the_run(tmp_path, memorized_llama_state):
     assert [entry["step"] for entry in measuring.probe_history] == [0, 2, 4, 6]
 
 
+def test_the_record_names_what_departs_from_the_papers(tmp_path, memorized_llama_state):
+    """MASC with a calibration set (every default): the calibrated threshold, the two-sided hinge, the id matching,
+    the rival KL and the Min-K% stop are beyond arXiv 2606.02920, and the record, report and card say so; the
+    paper's own mode (tau, alpha) and a baseline without a stop have nothing to list."""
+    from hf_unlearn.outputs.model_card import build_model_card
+
+    def record(calibrated, **overrides):
+        model = make_tiny_model()
+        model.load_state_dict(memorized_llama_state)
+        never_seen = [make_example(2000 + i) for i in range(8)] if calibrated else None
+        trainer = UnlearnTrainer(
+            model, config(tmp_path, max_steps=2, **overrides), FORGET, RETAIN, calibration_dataset=never_seen
+        )
+        return trainer.record
+
+    calibrated = record(True)
+    names = [departure.split(":")[0] for departure in calibrated.beyond_paper]
+    assert names == [
+        "masc_threshold='calibration'", "masc_hinge='two_sided'", "calibration_match='id_spread'",
+        "masc_rival_kl=5", "stop_target='membership'",
+    ]  # fmt: skip
+    assert "(AUC >= 0.45)" in calibrated.beyond_paper[-1]
+    assert "Beyond the papers: masc_threshold='calibration'" in report_markdown(calibrated)
+    assert "| Beyond the papers | masc_threshold='calibration'" in str(build_model_card(calibrated, str(tmp_path)))
+    gap = record(True, stop_target="calibration", calibration_auc_slack=0.1, masc_hinge="one_sided",
+                 calibration_match="rank", masc_rival_kl=0.0).beyond_paper  # fmt: skip
+    assert [departure.split(":")[0] for departure in gap] == [
+        "masc_threshold='calibration'", "stop_target='calibration'", "calibration_auc_slack=0.1"
+    ]  # fmt: skip
+    assert record(False).beyond_paper == [] and record(False, method="graddiff").beyond_paper == []
+    assert "Beyond the papers" not in report_markdown(record(False))
+
+
 def test_record_round_trips_through_disk_and_names_unknown_fields(tmp_path):
     trainer = UnlearnTrainer(make_tiny_model(), config(tmp_path, max_steps=2), FORGET, RETAIN)
     trainer.train()

@@ -45,6 +45,25 @@ def _check_masc_k(model: Any, config: Any) -> None:
         )
 
 
+def masc_beyond_paper(config: Any) -> tuple[str, ...]:
+    """What a MASC run does that arXiv 2606.02920 does not (its hinge: relu(m - (tau - eta)) / eta with
+    tau = log(rho / (1 - rho)) for every token)."""
+    if config.masc_threshold != "calibration":
+        departures = []
+    else:
+        departures = ["masc_threshold='calibration': each token's threshold from never-seen data, not tau"]
+        if config.masc_hinge == "two_sided":
+            departures.append("masc_hinge='two_sided': a token below its never-seen counterpart is pulled back up")
+        if config.calibration_match != "rank":
+            match = config.calibration_match
+            departures.append(f"calibration_match={match!r}: each token matched with its never-seen counterpart")
+    if config.masc_rival_kl:
+        departures.append(
+            f"masc_rival_kl={config.masc_rival_kl:g}: a KL holds the start model's distribution over the other tokens"
+        )
+    return tuple(departures)
+
+
 @register_forget_objective(
     "masc",
     paper=MASC_PAPER,
@@ -66,6 +85,7 @@ def _check_masc_k(model: Any, config: Any) -> None:
     methods={"masc": "kl"},
     forget_weight=0.1,  # MASC's lambda_forget (TOFU/Qwen row of arXiv 2606.02920)
     stops_itself=True,
+    beyond_paper=masc_beyond_paper,
 )
 def masc_loss(inputs: LossInputs) -> torch.Tensor:
     """Buffered hinge on the restricted margin of every answer token (MASC §3).

@@ -98,7 +98,8 @@ class Objective:
     plausible alternatives from the forget records' ``config.alternate_column`` (AltPO), in the same field as the
     refusal batch; ``initial_state(config)``: the objective keeps state across steps (PDU's dual variable), given to
     it as :attr:`LossInputs.state`, updated after each optimizer step by ``update_state(state, config, step,
-    across_processes)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved).
+    across_processes)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved);
+    ``beyond_paper(config)``: the run's settings that depart from ``paper``, in words (the run record lists them).
     """
 
     name: str
@@ -119,6 +120,7 @@ class Objective:
     forget_weight: float = 1.0
     retain_weight: float = 1.0
     stops_itself: bool = False
+    beyond_paper: Callable[[Any], tuple[str, ...]] = lambda _config: ()
 
 
 FORGET_OBJECTIVES: dict[str, Objective] = {}

@@ -106,6 +106,8 @@ def _record_rows(record: UnlearnRecord) -> str:
                 f"λ = {_fmt(dual['dual'])} after {dual['updates']} updates, ε = {_fmt(dual['epsilon'])}",
             )
         )
+    if record.beyond_paper:
+        rows.append(("Beyond the papers", "; ".join(record.beyond_paper)))
     rows.append(("Steps", f"{record.global_step} of at most {record.max_steps}"))
     if record.stop_reason:
         rows.append(("Why training stopped", record.stop_reason))

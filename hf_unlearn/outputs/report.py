@@ -90,6 +90,8 @@ def report_markdown(record: UnlearnRecord) -> str:
         f"({format_value(record.probe_seconds)} s of it in probes).",
         f"- Why it stopped: {record.stop_reason}.",
     ]
+    if record.beyond_paper:
+        summary.append("- Beyond the papers: " + "; ".join(record.beyond_paper) + ".")
     if record.violation_rate is not None:
         hyperparameters = record.hyperparameters
         probe = hyperparameters.get("stop_probe", "train")

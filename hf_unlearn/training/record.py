@@ -28,7 +28,8 @@ class UnlearnRecord:
         gradient_surgery: how the two gradients were combined (``"sum"``: the weighted sum of the losses).
         hyperparameters: the training settings that shape the run, then each objective's own (from its
             registration), then the stopping rule's when it was on.
-        papers: ``{"title", "url", "authors"}`` of every method that shaped the run.
+        papers: ``{"title", "url", "authors"}`` of every method that shaped the run; beyond_paper: the run's
+            settings that depart from those papers, in words (the objectives' and the stopping rule's).
         base_model: the model's ``name_or_path``: a Hub id, or a local folder by its absolute path
             (:mod:`hf_unlearn.training.base_model`); ``adapter``: the PEFT method (``"lora"``) when adapters were
             trained, else ``None``.
@@ -82,6 +83,7 @@ class UnlearnRecord:
     gradient_surgery: str = "sum"
     hyperparameters: dict[str, Any] = field(default_factory=dict)
     papers: list[dict[str, str]] = field(default_factory=list)
+    beyond_paper: list[str] = field(default_factory=list)
     base_model: str | None = None
     base_model_weights: dict[str, str] | None = None
     adapter: str | None = None

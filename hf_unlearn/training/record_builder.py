@@ -181,6 +181,24 @@ def surgery_history(log_history: Sequence[dict[str, Any]]) -> list[dict[str, Any
     ]
 
 
+def beyond_paper(args: Any, objectives: Sequence[Any]) -> list[str]:
+    """The run's settings that depart from its papers, in words: each objective's (its registration's
+    ``beyond_paper``), then the stopping rule's (MASC's stop, §3, is a violation rate under alpha)."""
+    departures = [departure for objective in objectives for departure in objective.beyond_paper(args)]
+    if not (args.stop_on_violation and args.probe_interval > 0):
+        return departures
+    if args.stop_target == "membership":
+        departures.append(
+            f"stop_target='membership': the run stops once a Min-K% attack reads the forget answers like never-seen "
+            f"ones (AUC >= {0.5 - args.calibration_auc_slack:g}), not on the violation rate"
+        )
+    elif args.stop_target == "calibration":
+        departures.append("stop_target='calibration': the run stops on the calibration gap, not on the violation rate")
+        if args.calibration_auc_slack is not None:
+            departures.append(f"calibration_auc_slack={args.calibration_auc_slack:g}: the stop also waits for Min-K%")
+    return departures
+
+
 def build_record(
     args: Any,
     objectives: Sequence[Any],
@@ -211,6 +229,7 @@ def build_record(
         gradient_surgery=args.gradient_surgery,
         hyperparameters=hyperparameters(args, objectives),
         papers=papers(objectives, args.gradient_surgery, getattr(args, "sam_rho", 0.0)),
+        beyond_paper=beyond_paper(args, objectives),
         base_model=getattr(model.config, "_name_or_path", None) or None,
         adapter=adapter,
         stopping_rule=bool(args.stop_on_violation and args.probe_interval > 0),
