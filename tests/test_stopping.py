@@ -279,20 +279,31 @@ def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_
     assert record.stop_reason.endswith(f"target {last['stop_threshold']:.3f})")
 
 
-def test_auto_is_the_min_k_stop_with_calibration_data_and_the_papers_without(tmp_path, memorized_llama_state):
+def test_auto_is_the_min_k_stop_with_calibration_data_and_the_papers_without(tmp_path, memorized_llama_state, caplog):
     """'auto' resolves for the data the trainer got: with a calibration set the Min-K% stop at AUC 0.45 and the
-    calibrated hinge with id_spread matching; without one the paper's fixed alpha and tau. A value given stays."""
-    with_data = UnlearnTrainer(
-        fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN, calibration_dataset=NEVER_SEEN
-    ).args
+    calibrated hinge with id_spread matching, when there are answers enough to read that AUC to within 0.1 (24 and
+    24: 0.084); with fewer (8 and 8: 0.149) the calibration gap, said in a warning; without a calibration set the
+    paper's fixed alpha and tau. A value given stays."""
+    from hf_unlearn.training.choices import membership_auc_spread
+
+    def resolved(forget, calibration, **overrides):
+        model = fresh(memorized_llama_state)
+        settings = config(tmp_path, **overrides)
+        return UnlearnTrainer(model, settings, forget, RETAIN, calibration_dataset=calibration).args
+
+    many = [make_example(i) for i in range(24)], [make_example(2000 + i) for i in range(24)]
+    assert membership_auc_spread(24, 24) < 0.1 < membership_auc_spread(8, 8)
+    with_data = resolved(*many)
     assert (with_data.stop_target, with_data.masc_threshold) == ("membership", "calibration")
     assert (with_data.calibration_auc_slack, with_data.calibration_match) == (0.05, "id_spread")
-    without = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path), FORGET, RETAIN).args
+    with caplog.at_level(logging.WARNING, logger="hf_unlearn"):
+        few = resolved(FORGET, NEVER_SEEN)
+    assert (few.stop_target, few.masc_threshold, few.calibration_auc_slack) == ("calibration", "calibration", None)
+    assert "8 forget and 8 calibration answers read its AUC only to ±0.15" in caplog.text
+    assert resolved(FORGET, NEVER_SEEN, stop_target="membership").stop_target == "membership"
+    without = resolved(FORGET, None)
     assert (without.stop_target, without.masc_threshold, without.calibration_auc_slack) == ("alpha", "rho", None)
-    given = UnlearnTrainer(
-        fresh(memorized_llama_state), config(tmp_path, stop_target="calibration"), FORGET, RETAIN,
-        calibration_dataset=NEVER_SEEN,
-    ).args  # fmt: skip
+    given = resolved(*many, stop_target="calibration")
     assert (given.stop_target, given.calibration_auc_slack) == ("calibration", None)
 
 

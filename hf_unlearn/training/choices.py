@@ -5,6 +5,7 @@ gradient surgery under a backend that cannot run it."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from transformers.utils import logging
@@ -112,13 +113,26 @@ DEFAULT_MASC_RIVAL_KL = 5.0
 #: What ``'auto'`` resolves to with a calibration set: the Min-K% stop (beyond the paper), measured against the
 #: calibration gap's stop in docs/studies/masc_landing.md sections 12-15.
 AUTO_TARGETS = {"stop_target": "membership", "masc_threshold": "calibration"}
+#: 'auto' takes the Min-K% stop only when its AUC can be read to within the never-trained region's tolerance (0.1):
+#: with fewer answers (one author's five, a user's ten facts) the gap decides (docs/studies/masc_landing.md, 15).
+MEMBERSHIP_AUC_MAX_SPREAD = 0.1
 
 
-def resolved_for_data(args: Any, has_calibration: bool) -> Any:
+def membership_auc_spread(forget_size: int, calibration_size: int) -> float:
+    """The standard deviation of an AUC between ``forget_size`` and ``calibration_size`` scores drawn from one
+    distribution (Hanley & McNeil 1982, at AUC 0.5): how finely the Min-K% stop can read 'never seen' at all."""
+    return math.sqrt((forget_size + calibration_size + 1) / (12 * forget_size * calibration_size))
+
+
+def resolved_for_data(
+    args: Any, has_calibration: bool, forget_size: int | None = None, calibration_size: int | None = None
+) -> Any:
     """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
-    'membership' / 'calibration' with a calibration set, else 'alpha' / 'rho'), and ``masc_rival_kl`` and
-    ``calibration_auc_slack`` for them; the caller's config is left as it was, so it can be reused for another run
-    with other data. 'calibration' or 'membership' without a calibration set is refused."""
+    'membership' / 'calibration' with a calibration set, else 'alpha' / 'rho'; the stop is the gap, 'calibration',
+    when ``forget_size`` forget and ``calibration_size`` calibration answers read an AUC no finer than
+    :data:`MEMBERSHIP_AUC_MAX_SPREAD`), and ``masc_rival_kl`` and ``calibration_auc_slack`` for them; the caller's
+    config is left as it was, so it can be reused for another run with other data. 'calibration' or 'membership'
+    without a calibration set is refused."""
     if args.stop_target in ("calibration", "membership") and not has_calibration:
         raise ValueError(
             f"stop_target={args.stop_target!r} compares the forget set with data the model never trained on: pass "
@@ -134,6 +148,15 @@ def resolved_for_data(args: Any, has_calibration: bool) -> Any:
         if getattr(args, name) == "auto":
             setattr(resolved, name, AUTO_TARGETS[name] if has_calibration else plain)
             logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
+    spread = membership_auc_spread(forget_size, calibration_size) if forget_size and calibration_size else 0.0
+    if args.stop_target == "auto" and resolved.stop_target == "membership" and spread > MEMBERSHIP_AUC_MAX_SPREAD:
+        resolved.stop_target = "calibration"
+        logger.warning(
+            f"UnlearnTrainer: stop_target='auto' resolved to 'calibration' (the calibration gap), not the Min-K% stop "
+            f"('membership'): {forget_size} forget and {calibration_size} calibration answers read its AUC only to "
+            f"±{spread:.2f}, wider than {MEMBERSHIP_AUC_MAX_SPREAD}. More of either (or stop_target='membership') "
+            "changes that."
+        )
     if resolved.stop_target == "membership" and args.calibration_auc_slack is None:
         resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
         logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")
@@ -152,6 +175,7 @@ __all__ = [
     "CALIBRATION_REFERENCES",
     "CUSTOM_METHOD",
     "DEFAULT_MASC_RIVAL_KL",
+    "MEMBERSHIP_AUC_MAX_SPREAD",
     "DEFAULT_REFUSALS",
     "FORGET_OBJECTIVES",
     "FORGET_SCORINGS",
@@ -162,6 +186,7 @@ __all__ = [
     "STOP_PROBES",
     "STOP_TARGETS",
     "check_surgery_backend",
+    "membership_auc_spread",
     "resolve_method",
     "resolved_for_data",
     "sharded_surgery_error",

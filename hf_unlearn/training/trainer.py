@@ -125,7 +125,10 @@ class UnlearnTrainer(Trainer):
             alternate_column=args.alternate_column if self.forget_objective.needs_alternate else None,
             forget_objective=args.objectives[0],
         )
-        args = resolved_for_data(args, calibration_dataset is not None)
+        sizes = [len(data) if hasattr(data, "__len__") else None for data in (train_dataset, calibration_dataset)]
+        if sizes[1] is not None:
+            sizes[1] = min(sizes[1], calibration_sample_size(args))  # the answers the probes measure
+        args = resolved_for_data(args, calibration_dataset is not None, *sizes)
         if processing_class is not None:
             ensure_pad_token(processing_class)
         model = self._prepare_model_and_reference(model, args, peft_config, ref_model)
