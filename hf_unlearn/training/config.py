@@ -148,11 +148,11 @@ class UnlearnConfig(TrainingArguments):
             Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True for a method
             whose objective stops itself (masc), False otherwise (the rate is still logged).
         stop_target (`str`, *optional*, defaults to `"auto"`):
-            When the run is done: 'alpha' (the forget violation rate <= stop_alpha, a fixed rate), 'calibration' (the
-            forget answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples
-            of the same kind, at the same probe: calibration gap <= calibration_slack), 'membership' (beyond the paper:
-            Min-K% AUC of forget against calibration answers >= 0.5 - calibration_auc_slack, no gap condition), or
-            'auto': 'membership' when the trainer has a calibration_dataset, else 'alpha'.
+            When the run is done: 'alpha' (the forget violation rate <= stop_alpha), 'calibration' (the forget
+            answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples of the
+            same kind: calibration gap <= calibration_slack), 'membership' (beyond the paper: Min-K% AUC of forget
+            against calibration answers >= 0.5 - calibration_auc_slack), or 'auto': 'membership' with a calibration
+            set and answers enough to read its AUC to within 0.1 (about 20 of each; fewer: 'calibration'), else 'alpha'.
         stop_alpha (`float`, *optional*, defaults to `0.2`):
             stop_target='alpha': stop once the violation rate of the probe <= alpha.
         calibration_slack (`float`, *optional*, defaults to `0.5`):
