@@ -152,7 +152,7 @@ class UnlearnConfig(TrainingArguments):
             answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples of the
             same kind: calibration gap <= calibration_slack), 'membership' (beyond the paper: Min-K% AUC of forget
             against calibration answers >= 0.5 - calibration_auc_slack), or 'auto': 'membership' with a calibration
-            set and answers enough to read its AUC to within 0.1 (about 20 of each; fewer: 'calibration'), else 'alpha'.
+            set and answers enough to read its AUC to within 0.1 (about 20 of each; else 'calibration'); else 'alpha'.
         stop_alpha (`float`, *optional*, defaults to `0.2`):
             stop_target='alpha': stop once the violation rate of the probe <= alpha.
         calibration_slack (`float`, *optional*, defaults to `0.5`):
