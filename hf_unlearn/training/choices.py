@@ -144,13 +144,14 @@ def resolved_for_data(
             "pass calibration_dataset=..., or masc_threshold='rho'."
         )
     resolved = copy.copy(args)
+    spread = membership_auc_spread(forget_size, calibration_size) if forget_size and calibration_size else 0.0
+    too_few = spread > MEMBERSHIP_AUC_MAX_SPREAD
     for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
         if getattr(args, name) == "auto":
-            setattr(resolved, name, AUTO_TARGETS[name] if has_calibration else plain)
+            calibrated = "calibration" if name == "stop_target" and too_few else AUTO_TARGETS[name]
+            setattr(resolved, name, calibrated if has_calibration else plain)
             logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
-    spread = membership_auc_spread(forget_size, calibration_size) if forget_size and calibration_size else 0.0
-    if args.stop_target == "auto" and resolved.stop_target == "membership" and spread > MEMBERSHIP_AUC_MAX_SPREAD:
-        resolved.stop_target = "calibration"
+    if args.stop_target == "auto" and has_calibration and too_few:
         logger.warning(
             f"UnlearnTrainer: stop_target='auto' resolved to 'calibration' (the calibration gap), not the Min-K% stop "
             f"('membership'): {forget_size} forget and {calibration_size} calibration answers read its AUC only to "
