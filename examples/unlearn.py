@@ -1,7 +1,7 @@
 """Twin scripts: finetune.py trains on question/answer pairs, unlearn.py makes the model forget the same pairs.
 
 `diff examples/finetune.py examples/unlearn.py` is the whole migration: swap the trainer and its arguments, drop
-the epoch count (the run stops itself; its budget is 500 steps), and add the data to keep.
+the epoch count (the run stops itself; its budget is 1000 steps), and add the data to keep.
 """
 
 from transformers import DataCollatorForSeq2Seq

@@ -423,7 +423,7 @@ def test_keep_best_state_restores_the_first_probe_that_met_the_target(tmp_path, 
 
 
 def test_self_stopping_runs_get_a_step_budget_and_others_keep_three_epochs(tmp_path):
-    assert UnlearnConfig(output_dir=str(tmp_path)).max_steps == 500  # masc stops itself
+    assert UnlearnConfig(output_dir=str(tmp_path)).max_steps == 1000  # masc stops itself
     assert UnlearnConfig(output_dir=str(tmp_path), self_stop_max_steps=80).max_steps == 80
     assert UnlearnConfig(output_dir=str(tmp_path), method="graddiff").max_steps == -1
     explicit = UnlearnConfig(output_dir=str(tmp_path), num_train_epochs=3)
@@ -609,7 +609,7 @@ def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_exa
     small = build_qa_dataset(load_split("forget05"), tokenizer)
     args = UnlearnConfig(output_dir=str(tmp_path / "default"), report_to="none", disable_tqdm=True,
                          save_strategy="no")  # fmt: skip
-    assert len(small) == 10 and args.max_steps == 500
+    assert len(small) == 10 and args.max_steps == 1000
     trainer = UnlearnTrainer(model, args, small, retain, processing_class=tokenizer)
     trainer.train()
     assert trainer.record.stop_kind == "target" and trainer.record.global_step < 500

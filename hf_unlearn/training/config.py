@@ -52,7 +52,7 @@ class UnlearnConfig(TrainingArguments):
 
     > [!NOTE]
     > Defaults that differ from [`~transformers.TrainingArguments`]:
-    > - `num_train_epochs`: `None`: 3 epochs, or for a run that stops itself `max_steps = self_stop_max_steps` (500),
+    > - `num_train_epochs`: `None`: 3 epochs, or for a run that stops itself `max_steps = self_stop_max_steps` (1000),
     >   so that the stopping rule, not an epoch count, ends it.
     > - `learning_rate`: `1e-4` instead of `5e-5` (the MASC reference runs).
     > - `lr_scheduler_type`: `"constant"` instead of `"linear"`: the run usually stops itself long before the
@@ -195,7 +195,7 @@ class UnlearnConfig(TrainingArguments):
             compares with fresh margins). None: at every probe.
         calibration_refresh_every (`int`, *optional*, defaults to `4`):
             calibration_reference='current': re-measure the never-seen margins at least this often.
-        self_stop_max_steps (`int`, *optional*, defaults to `500`):
+        self_stop_max_steps (`int`, *optional*, defaults to `1000`):
             Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
             at most this many optimizer steps.
 
@@ -437,7 +437,7 @@ class UnlearnConfig(TrainingArguments):
         metadata={"help": "calibration_reference='current': re-measure the never-seen margins at least this often."},
     )
     self_stop_max_steps: int = field(
-        default=500,
+        default=1000,
         metadata={"help": "Budget in optimizer steps of a self-stopping run given neither max_steps nor epochs."},
     )
 
