@@ -514,7 +514,7 @@ class CompareArguments:
     lora_r: int | None = field(
         default=None,
         metadata={
-            "help": "LoRA rank (all linear layers) of every unlearning run, 0 = full fine-tuning. Default: 0 "
+            "help": "LoRA rank of every unlearning run (on lora_target_modules), 0 = full fine-tuning. Default: 0 "
             "embedded, 16 tofu. On the embedded benchmark also the learn stage's rank for a base_model."
         },
     )
