@@ -447,11 +447,7 @@ class CompareArguments:
     num_forget_authors: int = field(default=2, metadata={"help": "tofu: authors forgotten (20 QA each; 2 = 40)."})
     num_retain_authors: int = field(default=4, metadata={"help": "tofu: learned authors kept."})
     num_calibration_authors: int = field(
-        default=4,
-        metadata={
-            "help": "tofu: never-learned authors MASC calibrates its stop on (4, as the runs that landed: with fewer "
-            "the stop's reference moves more with which authors it is)."
-        },
+        default=4, metadata={"help": "tofu: never-learned authors MASC calibrates its stop on."}
     )
     num_holdout_authors: int = field(
         default=4, metadata={"help": "tofu: never-learned authors, the membership attack's non-members."}
