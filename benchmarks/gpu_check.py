@@ -30,10 +30,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = {
     "0.5b": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                  num_key_value_heads=4, vocab_size=32000, sequence=256, batch=8),
+    # Llama-3.2-1B's shape (128k vocabulary) and Llama-2-7B's: LoRA only, the setting a user runs at that size.
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, sequence=256, batch=8),
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32, vocab_size=32000, sequence=256, batch=8),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512, sequence=32, batch=4),
 }  # fmt: skip
-# (name, adapter, surgery, fsdp2)
+# (name, adapter, surgery, fsdp2); surgery "plain" is a plain transformers.Trainer fine-tuning step (causal LM loss)
+# over the same rows a MASC step reads (the forget and the retain batch): the floor a MASC step is compared with.
 SETTINGS = [
     ("full, sum", "full", "sum", False),
     ("full, sago", "full", "sago", False),
@@ -41,7 +47,12 @@ SETTINGS = [
     ("LoRA r16, sum", "lora", "sum", False),
     ("LoRA r16, sago", "lora", "sago", False),
     ("full, sum, FSDP2 (1 process)", "full", "sum", True),
+    ("LoRA r16, plain fine-tuning", "lora", "plain", False),
+    ("full, plain fine-tuning", "full", "plain", False),
 ]
+#: --settings all runs every setting; the larger sizes run their LoRA rows only (full fine-tuning of a 7B model in
+#: one process is not what a user of this library does on one GPU).
+LARGE_SIZE_SETTINGS = ("LoRA r16, sum", "LoRA r16, plain fine-tuning")
 WARMUP = 3
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -60,7 +71,9 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
     cuda = device == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False)).to(dtype)
+    # Built on the device in its dtype: a random 7B model built in fp32 on the CPU takes minutes.
+    with torch.device("cuda" if cuda else "cpu"):
+        model = LlamaForCausalLM(LlamaConfig(**shape, tie_word_embeddings=False, torch_dtype=dtype)).to(dtype)
     counts = parameter_counts(model)
     adapters = lora_parameter_count(model, 16, LORA_TARGETS)
     generator = torch.Generator().manual_seed(1)
@@ -84,7 +97,7 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
         overwrite_output_dir=True,
         method="masc",
         retain_loss="kl",
-        gradient_surgery=surgery,
+        gradient_surgery="sum" if surgery == "plain" else surgery,
         per_device_train_batch_size=batch,
         max_steps=WARMUP + steps,
         probe_interval=0,
@@ -100,7 +113,23 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
         **extra,
     )
     lora = None if adapter == "full" else LoraConfig(r=16, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
-    trainer = UnlearnTrainer(model, args, forget, retain, peft_config=lora)
+    if surgery == "plain":
+        from peft import get_peft_model
+        from transformers import Trainer, TrainingArguments, default_data_collator
+
+        plain = TrainingArguments(
+            **{k: getattr(args, k) for k in ("output_dir", "max_steps", "learning_rate", "bf16", "use_cpu",
+                                            "report_to", "save_strategy", "logging_steps", "disable_tqdm",
+                                            "dataloader_num_workers")},
+            per_device_train_batch_size=2 * batch,  # the forget and the retain rows of one MASC step
+        )  # fmt: skip
+        trainer = Trainer(
+            get_peft_model(model, lora) if lora is not None else model, plain, train_dataset=forget + retain,
+            data_collator=default_data_collator,
+        )  # fmt: skip
+        surgery = "sum"  # the memory prediction's: no second gradient
+    else:
+        trainer = UnlearnTrainer(model, args, forget, retain, peft_config=lora)
 
     class Clock(TrainerCallback):
         start: float | None = None
@@ -132,7 +161,8 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
         raise RuntimeError(f"fewer than {WARMUP + 1} optimizer steps ran, nothing was timed")
     seconds = clock.end - clock.start
     return {
-        "setting": name,
+        "setting": name if size not in ("1b", "7b") else f"{name} [{size}]",
+        "size": size,
         "parameters": counts["total"],
         "timed_steps": clock.timed_steps,
         "steps_per_second": clock.timed_steps / seconds,
@@ -146,6 +176,7 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
 
 def run_setting(index: int, size: str, device: str, steps: int, timeout: int) -> dict:
     name, _, _, fsdp2 = SETTINGS[index]
+    name = f"{name} [{size}]" if size in ("1b", "7b") else name
     command = [__file__, "--child", str(index), "--size", size, "--device", device, "--steps", str(steps)]
     if fsdp2:
         if device != "cuda":
@@ -168,28 +199,37 @@ def run_setting(index: int, size: str, device: str, steps: int, timeout: int) ->
     return row
 
 
+def _step_time(rows: list[dict], setting: str, size: str | None) -> float | None:
+    """The seconds per step of ``setting`` at ``size`` among ``rows``, or None where it failed or did not run."""
+    for row in rows:
+        name = row.get("setting", "").split(" [")[0]
+        if name == setting and row.get("size", size) == size and "error" not in row:
+            return row["seconds_per_step"]
+    return None
+
+
 def table(rows: list[dict]) -> str:
-    sum_time = next(
-        (r["seconds_per_step"] for r in rows if r.get("setting") == "full, sum" and "error" not in r), None
-    )
-    lora_time = next(
-        (r["seconds_per_step"] for r in rows if r.get("setting") == "LoRA r16, sum" and "error" not in r), None
-    )
+    """Each setting's step rate, its step time against ``sum``'s (surgery) and against a plain fine-tuning step over
+    the same rows with the same adapter and size (what MASC costs over ordinary training), and its memory."""
     lines = [
-        "| setting | steps/s | step time vs sum | peak allocated GB | predicted state GB | note |",
-        "|---|---|---|---|---|---|",
+        "| setting | parameters | steps/s | step time vs sum | vs plain fine-tuning | peak allocated GB "
+        "| predicted state GB | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['setting']} | - | - | - | - | {row['error']} |")
+            lines.append(f"| {row['setting']} | - | - | - | - | - | - | {row['error']} |")
             continue
-        base = lora_time if row["setting"].startswith("LoRA") else sum_time
-        ratio = f"{row['seconds_per_step'] / base:.2f}x" if base else "-"
+        size, lora = row.get("size"), row["setting"].startswith("LoRA")
+        base = _step_time(rows, "LoRA r16, sum" if lora else "full, sum", size)
+        plain = _step_time(rows, "LoRA r16, plain fine-tuning" if lora else "full, plain fine-tuning", size)
+        ratio = f"{row['seconds_per_step'] / base:.2f}x" if base and "plain" not in row["setting"] else "-"
+        over_plain = f"{row['seconds_per_step'] / plain:.2f}x" if plain and "plain" not in row["setting"] else "-"
         peak = "-" if row["peak_allocated_gb"] is None else f"{row['peak_allocated_gb']:.2f}"
         note = "sharded (DTensor)" if row.get("sharded_parameters") else ""
         lines.append(
-            f"| {row['setting']} | {row['steps_per_second']:.2f} | {ratio} | {peak} | "
-            f"{row['predicted_state_gb']:.2f} | {note} |"
+            f"| {row['setting']} | {row['parameters'] / 1e6:.0f}M | {row['steps_per_second']:.2f} | {ratio} | "
+            f"{over_plain} | {peak} | {row['predicted_state_gb']:.2f} | {note} |"
         )
     return "\n".join(lines)
 
@@ -197,6 +237,10 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="0.5b")
+    parser.add_argument(
+        "--larger", nargs="*", choices=("1b", "7b"), default=[],
+        help="after the --size settings, the LoRA MASC and plain rows at these sizes too",
+    )  # fmt: skip
     parser.add_argument("--device", choices=["cuda", "cpu"], default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=int, default=75, help="seconds allowed per setting")
@@ -214,12 +258,17 @@ def main() -> None:
     where = torch.cuda.get_device_name(0) if device == "cuda" else "CPU"
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     rows = []
-    for index in range(len(SETTINGS)):
+    plan = [(index, options.size) for index in range(len(SETTINGS))]
+    plan += [
+        (index, size) for size in options.larger for index in range(len(SETTINGS))
+        if SETTINGS[index][0] in LARGE_SIZE_SETTINGS
+    ]  # fmt: skip
+    for index, size in plan:
         left = options.deadline - (time.perf_counter() - started)
         if left < 20:
             rows.append({"setting": SETTINGS[index][0], "error": f"skipped: the {options.deadline} s deadline"})
         else:
-            rows.append(run_setting(index, options.size, device, options.steps, min(options.timeout, int(left))))
+            rows.append(run_setting(index, size, device, options.steps, min(options.timeout, int(left))))
         # Each row as soon as it exists, so a run cut short still leaves what it measured.
         print(json.dumps(rows[-1]), flush=True)
         if options.json:

@@ -13,6 +13,8 @@ from hf_unlearn.benchmarks import build_tokenizer, load_split
 from hf_unlearn.cli.main import main
 from hf_unlearn.data.examples import tokenize_qa
 from hf_unlearn.data.loaders import load_records
+from hf_unlearn.evaluation.membership import ATTACKS, membership_verdict_line
+from hf_unlearn.robustness.audit import membership_side
 
 REPORT_KEYS = {
     "method",
@@ -165,13 +167,22 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     assert [a["question"] for a in answers] == [forget[i]["question"] for i in range(3)]
     assert all(a["after"] and a["never_trained"] for a in answers)
     assert "## Forget answers" in (out / "report.md").read_text()
+    # every membership attack, the unlearned model's beside the never-trained model's, and which still tell the
+    # forget set apart (issue 54): in the record, the report and the model card
+    membership = tofu["membership"]
+    assert set(membership["auc"]) == set(membership["never_trained_auc"]) == set(ATTACKS)
+    told = {a for a, auc in membership["auc"].items() if abs(auc - membership["never_trained_auc"][a]) > 0.1}
+    assert set(membership["membership"]["which"]) == told
+    line = membership_verdict_line(membership["membership"])
+    assert line in (out / "report.md").read_text() and line in (out / "README.md").read_text()
     assert report["stop_reason"].startswith("target reached") and report["complete"]
     assert (out / "model.safetensors").is_file()  # so `hf-unlearn eval --model_name_or_path OUT` works
     # The robustness audit of the demo's output, offline: one verdict per check, written to the record and card.
     assert main(["audit", "--model_name_or_path", str(out), "--output_dir", str(tmp_path / "audit")]) == 0
     audit = json.loads((tmp_path / "audit" / "audit.json").read_text())
     assert set(audit["verdicts"]) == {"quantization", "relearning", "membership"}
-    assert audit["membership"]["verdict"] in ("under-unlearned", "like retraining", "over-unlearned")
+    assert audit["membership"]["verdict"] == membership_side(audit["membership"]["attacks"])
+    assert audit["verdicts"]["membership"]["passed"] is audit["membership"]["attacks"]["landed"]
     assert "## Robustness" in (out / "README.md").read_text()
     assert json.loads((out / "unlearn_record.json").read_text())["audit"]["verdicts"] == audit["verdicts"]
 

@@ -1,6 +1,7 @@
 """`hf-unlearn compare` on a small grid: the region, the per-method summary, and what compare.json holds."""
 
 import json
+import math
 
 import pytest
 
@@ -57,6 +58,55 @@ def test_the_region_keeps_what_both_models_keep_and_says_what_a_run_misses():
     assert misses["real_knowledge_mean"] == pytest.approx(0.20 - 0.285) and misses["fluent"] is False
     assert "forget_rouge_l_recall" not in misses and not in_region(damaged, region)
     assert region_misses(measured(0.2, 0.25, 0.95, 0.35, 0.0), region)["membership_auc"] == pytest.approx(-0.15)
+
+
+def test_every_attack_and_every_real_knowledge_value_is_judged_on_its_own():
+    """Issue 54: a run that Min-K% reads as never-seen but Min-K%++ still reads as a member misses the region, as does
+    one whose real-author ROUGE-L fell to zero while the mean of the six real-knowledge values held."""
+    from hf_unlearn.cli.arguments import CompareArguments
+    from hf_unlearn.jobs.compare import build_region, region_misses
+
+    def knowledge(rouge):
+        sets = {
+            name: {"rouge_l_recall": rouge, "probability": 0.5, "truth_ratio": 0.6}
+            for name in ("real_authors", "world_facts")
+        }
+        values = [v for row in sets.values() for v in row.values()]
+        return {**sets, "mean": sum(values) / len(values), "utility": 0.0}
+
+    def measured(aucs, rouge=0.3, real_rouge=0.3):
+        forget = {"rouge_l_recall": rouge, "membership_auc": aucs["min_k"], "membership_aucs": aucs}
+        return {"forget": forget, "retain": {"rouge_l_recall": 0.95}, "real_knowledge": knowledge(real_rouge)}
+
+    never_aucs = {
+        "loss": 0.37,
+        "zlib": 0.33,
+        "min_k": 0.43,
+        "min_k_plus_plus": 0.47,
+        "reference": 1.0,
+        "gradnorm": 0.41,
+    }
+    never = measured(never_aucs)
+    region = build_region(measured({a: 0.0 for a in never_aucs}, rouge=1.0, real_rouge=0.4), never, CompareArguments())
+    assert region["membership_auc_references"] == never_aucs and region_misses(never, region) == {}
+    # the demo's stopped MASC model, as issue 54 measured it: Min-K% in, Min-K%++ still a member
+    demo = measured({**never_aucs, "min_k": 0.4275, "min_k_plus_plus": 0.1625})
+    assert region_misses(demo, region) == {"membership_auc_min_k_plus_plus": pytest.approx(0.1625 - 0.47 + 0.1)}
+    unmeasured = measured({**never_aucs, "gradnorm": float("nan")})
+    assert math.isnan(region_misses(unmeasured, region)["membership_auc_gradnorm"])
+    # a zeroed real-author ROUGE-L beside a higher world-facts one: the mean of the six (0.467 against a floor of
+    # 0.95 x 0.467) lets it pass, its own floor does not
+    zeroed = measured(never_aucs)
+    zeroed["real_knowledge"]["real_authors"]["rouge_l_recall"] = 0.0
+    zeroed["real_knowledge"]["world_facts"]["rouge_l_recall"] = 0.6
+    values = [v for name in ("real_authors", "world_facts") for v in zeroed["real_knowledge"][name].values()]
+    zeroed["real_knowledge"]["mean"] = sum(values) / len(values)
+    assert zeroed["real_knowledge"]["mean"] >= region["real_knowledge_mean_min"]
+    misses = region_misses(zeroed, region)
+    assert misses["real_knowledge_real_authors.rouge_l_recall"] == pytest.approx(-0.95 * 0.3)
+    assert "real_knowledge_mean" not in misses and not in_region(zeroed, region)
+    zeroed["real_knowledge"]["world_facts"]["truth_ratio"] = float("nan")
+    assert region_misses(zeroed, region)["real_knowledge_world_facts.truth_ratio"] == float("-inf")
 
 
 def test_summary_picks_the_lr_where_most_seeds_land_then_the_faster():

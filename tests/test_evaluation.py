@@ -153,6 +153,13 @@ def test_eval_command_on_the_embedded_benchmark(tmp_path):
     # MUSE's orientation: the target still recognises its forget answers (AUC near 0, PrivLeak strongly negative).
     assert muse["auc"]["min_k"] < 0.35 and muse["privleak"]["min_k"] < -20
     assert "Forget quality" in (tmp_path / "eval.md").read_text() and "PrivLeak" in (tmp_path / "eval.md").read_text()
+    # every attack judged against the retain-only model's AUC (issue 54): the target is told apart by each of them
+    verdict = muse["membership"]
+    assert verdict["attacks"] == len(muse["auc"]) >= 5 and set(verdict["which"]) == {
+        attack for attack, auc in muse["auc"].items() if abs(auc - verdict["per_attack"][attack]["level"]) > 0.1
+    }
+    assert verdict["per_attack"]["min_k"]["level_from"] == "never_trained" and not verdict["landed"]
+    assert f"{verdict['distinguishing']} of {verdict['attacks']} attacks" in (tmp_path / "eval.md").read_text()
     assert (tmp_path / "radar.png").stat().st_size > 10_000 and (tmp_path / "truth_ratios.png").is_file()
 
 

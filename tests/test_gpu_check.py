@@ -13,7 +13,7 @@ SCRIPT = os.path.join(HERE, "..", "benchmarks", "gpu_check.py")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", [1, 4], ids=["full-sago", "lora-sago"])
+@pytest.mark.parametrize("setting", [1, 4, 6], ids=["full-sago", "lora-sago", "lora-plain"])
 def test_gpu_check_setting_runs_on_the_cpu(setting):
     command = [sys.executable, SCRIPT, "--child", str(setting), "--size", "tiny", "--device", "cpu", "--steps", "2"]
     completed = subprocess.run(

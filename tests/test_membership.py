@@ -329,5 +329,44 @@ def test_compare_measurement_scores_the_forget_answers_once_for_min_k(tokenizer,
     # without membership, no shared pass: the forget answers' probability from evaluate_qa's own
     old = measure_qa_sets(model, tokenizer, {"forget": forget, "retain": retain}, forget_set="forget")
     assert measured["forget"]["membership_auc"] == qa_membership_auc(model, tokenizer, forget, holdout)
-    assert {k: v for k, v in measured["forget"].items() if k != "membership_auc"} == old["forget"]
+    assert measured["forget"]["membership_aucs"] == {"min_k": measured["forget"]["membership_auc"]}
+    without = {k: v for k, v in measured["forget"].items() if k not in ("membership_auc", "membership_aucs")}
+    assert without == old["forget"]
     assert measured["retain"] == old["retain"]
+    # every attack (compare's region, issue 54): each AUC is the one its own scoring of both sets gives
+    every = measure_qa_sets(
+        model, tokenizer, {"forget": forget}, forget_set="forget", membership_holdout=holdout,
+        membership_attacks=ATTACKS, attack_reference_model=tiny_model(tokenizer, "gpt2", seed=3, **SMALL),
+    )["forget"]["membership_aucs"]  # fmt: skip
+    assert set(every) == set(ATTACKS)
+    reference = tiny_model(tokenizer, "gpt2", seed=3, **SMALL)
+    for attack in ATTACKS:
+        scores = {
+            name: membership_scores(model, tokenizer, attack_texts(tokenizer, data)[0], prompts=attack_texts(
+                tokenizer, data)[1], attacks=[attack], reference_model=reference)[attack]
+            for name, data in (("forget", forget), ("holdout", holdout))
+        }  # fmt: skip
+        assert every[attack] == pytest.approx(membership_auc(scores["forget"], scores["holdout"])), attack
+
+
+def test_membership_verdict_judges_every_attack_against_the_never_trained_model_by_hand():
+    from hf_unlearn.evaluation.membership import membership_verdict, membership_verdict_line
+
+    never = {"loss": 0.37, "min_k": 0.43, "min_k_plus_plus": 0.47, "gradnorm": 0.41}
+    measured = {"loss": 0.32, "min_k": 0.4275, "min_k_plus_plus": 0.1625, "gradnorm": 0.52, "zlib": 0.65}
+    verdict = membership_verdict(measured, never)
+    assert verdict["attacks"] == 5 and verdict["which"] == ["min_k_plus_plus", "gradnorm", "zlib"]
+    assert verdict["distinguishing"] == 3 and not verdict["landed"]
+    rows = verdict["per_attack"]
+    assert rows["min_k_plus_plus"]["side"] == "member" and rows["min_k_plus_plus"]["off"] == pytest.approx(-0.3075)
+    assert rows["gradnorm"]["side"] == "less familiar"  # 0.11 above the never-trained model's 0.41
+    # zlib has no never-trained AUC: it is judged against chance (0.5), and 0.65 is 0.15 from it
+    assert rows["zlib"]["level_from"] == "chance" and rows["zlib"]["level"] == 0.5
+    assert rows["loss"]["distinguishes"] is False and rows["loss"]["side"] is None
+    assert "3 of 5 attacks tell" in membership_verdict_line(verdict) and "min_k_plus_plus (AUC 0.163 vs 0.470" in (
+        membership_verdict_line(verdict)
+    )
+    assert membership_verdict({"min_k": float("nan")}, never)["which"] == ["min_k"]  # NaN: never a pass
+    landed = membership_verdict({"min_k": 0.5, "loss": 0.45})
+    assert landed["landed"] and "none of the 2 attacks" in membership_verdict_line(landed)
+    assert not membership_verdict({})["landed"]  # nothing read, nothing landed

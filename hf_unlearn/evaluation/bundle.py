@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.prompts import prompt_and_completion
-from .membership import attack_reads, membership_auc, membership_scores
+from .membership import ATTACKS, attack_reads, membership_auc, membership_scores
 from .metrics import (
     GENERATION_BATCH_SIZE,
     evaluate_qa,
@@ -88,6 +88,35 @@ def qa_attack_scores(
     return attack_scores(model, tokenizer, records, prompt_template, attack, scored=scored)
 
 
+def qa_membership_aucs(
+    model: Any,
+    tokenizer: Any,
+    members: Sequence[Mapping[str, Any]],
+    non_members: Sequence[Mapping[str, Any]],
+    prompt_template: str | None = None,
+    attacks: Sequence[str] = ATTACKS,
+    member_scores: Sequence[AnswerScores] | None = None,
+    reference_model: Any = None,
+) -> dict[str, float]:
+    """Every one of ``attacks``' AUC telling ``members`` from ``non_members`` (question/answer records), each answer
+    scored as the continuation of its prompt, as :func:`qa_membership_auc` scores one attack. ``reference`` runs
+    only with ``reference_model`` (it is left out without one); ``member_scores`` as in :func:`qa_membership_auc`.
+    """
+    attacks = [a for a in attacks if a != "reference" or reference_model is not None]
+    read = {}
+    for name, records, scored in (("members", members, member_scores), ("others", non_members, None)):
+        pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
+        if scored is None and attack_reads(attacks):
+            scored, _ = measure_answers(
+                model, tokenizer, records, (), prompt_template=prompt_template, reads=attack_reads(attacks)
+            )
+        read[name] = membership_scores(
+            model, tokenizer, [c for _, c in pairs], prompts=[p for p, _ in pairs], attacks=attacks,
+            reference_model=reference_model, scored=scored,
+        )  # fmt: skip
+    return {attack: membership_auc(read["members"][attack], read["others"][attack]) for attack in read["members"]}
+
+
 def measure_qa_sets(
     model: Any,
     tokenizer: Any,
@@ -97,17 +126,22 @@ def measure_qa_sets(
     retain_only_truth_ratios: Sequence[float] | None = None,
     membership_holdout: Sequence[Mapping[str, Any]] | None = None,
     return_predictions: bool = False,
+    membership_attacks: Sequence[str] = (MEMBERSHIP_ATTACK,),
+    attack_reference_model: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """``{set name: metrics}`` for every question/answer set in ``sets``. The set named ``forget_set`` also gets its
     truth ratio (with ``retain_only_truth_ratios``, its forget quality too) when its records carry paraphrased and
-    perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records.
-    ``return_predictions``: every set's greedy answers under ``"predictions"``."""
+    perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records:
+    ``membership_auc`` (Min-K%) and ``membership_aucs`` (each of ``membership_attacks``; ``reference`` with
+    ``attack_reference_model`` as its reference, left out without one). ``return_predictions``: every set's greedy
+    answers under ``"predictions"``."""
+    attacks = tuple(dict.fromkeys((MEMBERSHIP_ATTACK, *membership_attacks)))
     scored: dict[str, Any] = {}
     if forget_set is not None and membership_holdout is not None:
-        # One pass over the forget answers for their probability and the membership attack's token log-probs.
+        # One pass over the forget answers for their probability and the membership attacks' token statistics.
         scored[forget_set], _ = measure_answers(
             model, tokenizer, sets[forget_set], ("probability",), prompt_template=prompt_template,
-            reads=attack_reads((MEMBERSHIP_ATTACK,)),
+            reads=attack_reads(attacks),
         )  # fmt: skip
     shared = {"prompt_template": prompt_template, "return_predictions": return_predictions}
     measured = {}
@@ -124,9 +158,12 @@ def measure_qa_sets(
         if retain_only_truth_ratios is not None:
             forget["forget_quality"] = forget_quality(ratios, retain_only_truth_ratios)
     if membership_holdout is not None:
-        forget["membership_auc"] = qa_membership_auc(
-            model, tokenizer, records, membership_holdout, prompt_template, MEMBERSHIP_ATTACK, scored[forget_set]
-        )
+        aucs = qa_membership_aucs(
+            model, tokenizer, records, membership_holdout, prompt_template, attacks, scored[forget_set],
+            attack_reference_model,
+        )  # fmt: skip
+        forget["membership_auc"] = aucs[MEMBERSHIP_ATTACK]
+        forget["membership_aucs"] = aucs
     return measured
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -330,6 +330,73 @@ def membership_auc(forget_scores: Sequence[float], holdout_scores: Sequence[floa
     return float(statistic) / (len(forget_scores) * len(holdout_scores))
 
 
+#: How far an attack's AUC may sit from the never-trained model's (or from 0.5 without one) and still read the forget
+#: set as never-seen data: the tolerance of ``hf-unlearn compare``'s region (issue 54).
+MEMBERSHIP_TOLERANCE = 0.1
+
+
+def membership_verdict(
+    auc: Mapping[str, float],
+    reference_auc: Mapping[str, float | None] | None = None,
+    tolerance: float = MEMBERSHIP_TOLERANCE,
+) -> dict[str, Any]:
+    """Which attacks still tell the forget set from never-seen data: each attack's AUC (``auc``, MUSE's orientation)
+    against the same attack's AUC on a model that never trained on the forget set (``reference_auc``; where it has
+    none, against 0.5, chance). An attack *distinguishes* when its AUC is further than ``tolerance`` from that
+    level: below it, the forget set still reads as a member (under-unlearning); above it, as less familiar than
+    never-seen data (over-unlearning). A NaN AUC distinguishes (nothing says it does not). ``landed`` is True when no
+    attack distinguishes. Returns ``attacks`` (how many were read), ``distinguishing`` (how many tell the sets
+    apart), ``which`` (their names), ``per_attack`` (``auc``, ``level``, ``level_from`` ``"never_trained"`` or
+    ``"chance"``, ``off`` = AUC - level, ``side`` ``"member"``/``"less familiar"``/``None``, ``distinguishes``),
+    ``tolerance`` and ``landed``."""
+    per_attack: dict[str, dict[str, Any]] = {}
+    for attack, value in auc.items():
+        reference = (reference_auc or {}).get(attack)
+        from_never = reference is not None and not math.isnan(reference)
+        level = float(reference) if from_never else 0.5
+        off = float(value) - level
+        distinguishes = math.isnan(off) or abs(off) > tolerance
+        side = None
+        if distinguishes and not math.isnan(off):
+            side = "member" if off < 0 else "less familiar"
+        per_attack[attack] = {
+            "auc": float(value),
+            "level": level,
+            "level_from": "never_trained" if from_never else "chance",
+            "off": off,
+            "side": side,
+            "distinguishes": distinguishes,
+        }
+    which = [attack for attack, row in per_attack.items() if row["distinguishes"]]
+    return {
+        "attacks": len(per_attack),
+        "distinguishing": len(which),
+        "which": which,
+        "tolerance": tolerance,
+        "per_attack": per_attack,
+        "landed": bool(per_attack) and not which,
+    }
+
+
+def membership_verdict_line(verdict: Mapping[str, Any]) -> str:
+    """One sentence a report prints for :func:`membership_verdict`."""
+    if not verdict.get("attacks"):
+        return "No membership attack was run."
+    count, total = verdict["distinguishing"], verdict["attacks"]
+    if not count:
+        return (
+            f"Membership: none of the {total} attacks tells the forget set from never-seen data "
+            f"(every AUC within {verdict['tolerance']:g} of the never-trained model's, or of 0.5)."
+        )
+    parts = []
+    for attack in verdict["which"]:
+        row = verdict["per_attack"][attack]
+        parts.append(f"{attack} (AUC {row['auc']:.3f} vs {row['level']:.3f}, {row['side'] or 'NaN'})")
+    verb = "tells" if count == 1 else "tell"
+    told = f"Membership: {count} of {total} attacks {verb} the forget set from never-seen data: "
+    return told + "; ".join(parts) + "."
+
+
 def privleak(auc_unlearned: float, auc_retrained: float) -> float:
     """MUSE's PrivLeak (§3.1), in percent: ``(AUC - AUC_retrained) / AUC_retrained * 100``, AUC oriented as in
     :func:`membership_auc`. Strongly negative: the forget set is still recognisable (under-unlearning); positive:
@@ -343,11 +410,14 @@ __all__ = [
     "ATTACKS",
     "ATTACK_READS",
     "FORWARD_ATTACKS",
+    "MEMBERSHIP_TOLERANCE",
     "attack_reads",
     "attack_scores",
     "gradient_norms",
     "membership_auc",
     "membership_scores",
+    "membership_verdict",
+    "membership_verdict_line",
     "min_k_count",
     "min_k_percent",
     "min_k_plus_plus",

@@ -15,7 +15,7 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
-from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, privleak
+from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, membership_verdict, privleak
 from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, model_utility, qa_records, retain_truth_ratio
 from .options import real_knowledge_options, truth_ratios
 from .scoring import AnswerScores, measure_answers
@@ -183,6 +183,9 @@ def evaluate_muse(
             for name in ("privleak_forget", "privleak_holdout")
         )
         result["auc"] = {attack: membership_auc(members[attack], others[attack]) for attack in members}
+        # Which attacks still tell the forget set from never-seen data (each against the retrained model's AUC, or
+        # 0.5 without one): the forget set counts as forgotten only when none does (issue 54).
+        result["membership"] = membership_verdict(result["auc"], retrained_auc)
         result["privleak"] = (
             {
                 attack: privleak(auc, retrained_auc[attack]) if attack in retrained_auc else None

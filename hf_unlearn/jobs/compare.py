@@ -37,7 +37,7 @@ from transformers.utils import logging
 
 from ..evaluation.bundle import measure_qa_sets, qa_attack_scores, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
-from ..evaluation.membership import membership_auc
+from ..evaluation.membership import ATTACKS, membership_auc
 from ..training.choices import BASELINES
 from ..training.config import UnlearnConfig
 from .compare_region import build_region, in_region, region_misses
@@ -229,9 +229,12 @@ class CompareSetting:
         tokenizer = tokenizer or self.tokenizer
         with_fluency = self.measure_fluency if with_fluency is None else with_fluency
         sets = {"forget": self.forget_records, "retain": self.retain_eval}
+        # Every attack the library ships (issue 54); the reference attack's reference is the target before
+        # unlearning, the model an attacker who had it would compare with.
         row = measure_qa_sets(
             model, tokenizer, sets, forget_set="forget", retain_only_truth_ratios=self.reference_ratios,
-            membership_holdout=self.holdout_records, return_predictions=with_fluency,
+            membership_holdout=self.holdout_records, return_predictions=with_fluency, membership_attacks=ATTACKS,
+            attack_reference_model=self.target_model,
         )  # fmt: skip
         if self.real_knowledge:
             row["real_knowledge"] = real_knowledge_utility(model, tokenizer, self.real_knowledge)
@@ -347,6 +350,7 @@ class Race:
             extra["fluent"] = fluent_like(
                 row["forget"]["fluency"], self.never_trained["forget"]["fluency"],
                 fluent_nll=self.before["forget"]["fluency"].get("reference_nll"),
+                levels=self.region.get("fluency_levels"),
             )  # fmt: skip
         if self.lm_eval is not None:
             extra["lm_eval"] = self.lm_eval(model, tokenizer)

@@ -26,9 +26,20 @@ def misses_text(misses: dict | None) -> str:
         "forget_rouge_l_recall": "forget ROUGE-L", "membership_auc": "AUC", "retain_rouge_l_recall": "retain",
         "real_knowledge_mean": "real knowledge",
     }  # fmt: skip
-    parts = [f"{names[key]} {value:+.3f}" for key, value in misses.items() if key in names]
+
+    def name(key: str) -> str | None:
+        if key in names:
+            return names[key]
+        if key.startswith("membership_auc_"):
+            return f"{key.removeprefix('membership_auc_')} AUC"
+        if key.startswith("real_knowledge_"):
+            return key.removeprefix("real_knowledge_")
+        return None
+
+    parts = [f"{name(key)} {value:+.3f}" for key, value in misses.items() if name(key) and not isinstance(value, bool)]
     if "fluent" in misses:
-        parts.append("not fluent")
+        failed = [key.removeprefix("fluency_") for key in misses if key.startswith("fluency_")]
+        parts.append("not fluent" + (f" ({', '.join(failed)})" if failed else ""))
     return "; ".join(parts) or "in the region"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ..outputs.report import write_report
+from ..outputs.report import membership_section, write_report
 from ..training.config import UnlearnConfig
 from ..training.output_dir import prepare_output_dir
 from ..training.trainer import UnlearnTrainer
@@ -34,6 +34,25 @@ def embedded_reference(
     return {
         "forget_truth_ratios": truth_ratios(model, tokenizer, sets["forget"]),
         "muse": evaluate_muse(model, tokenizer, privleak_sets),
+    }
+
+
+def membership_after(model: Any, never_trained: Any, start_model: Any, tokenizer: Any, split: str) -> dict[str, Any]:
+    """Every membership attack on the forget answers against the holdout authors' (given their questions), for the
+    unlearned ``model`` and the ``never_trained`` model, the reference attack with the ``start_model`` (the target
+    before unlearning) as its reference, and which attacks still tell the forget set apart
+    (:func:`~hf_unlearn.evaluation.membership.membership_verdict`): the record's ``evaluation['membership']``."""
+    from ..evaluation.suites import embedded_evaluation_sets, evaluate_muse
+
+    sets = embedded_evaluation_sets(split)
+    sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
+    never = evaluate_muse(never_trained, tokenizer, sets, attack_reference_model=start_model)
+    after = evaluate_muse(model, tokenizer, sets, retrained_auc=never["auc"], attack_reference_model=start_model)
+    return {
+        "auc": after["auc"],
+        "never_trained_auc": never["auc"],
+        "privleak": after["privleak"],
+        "membership": after["membership"],
     }
 
 
@@ -109,11 +128,19 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         )
         trainer.record.update(**audit_record_fields(audit))
         print("\nRobustness audit:\n" + audit_markdown(audit))
+    start_model = learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0]
+    trainer.record.update(
+        evaluation={
+            **trainer.record.evaluation,
+            "membership": membership_after(trainer.model, reference_model, start_model, tokenizer, demo_args.split),
+        }
+    )
     trainer.record.extra["forget_answers"] = answers_beside(trainer.model, reference_model, tokenizer, forget)
     trainer.record.extra["demo_seconds"] = time.perf_counter() - start
     trainer.save_model(config.output_dir)  # the model, the record and its card, so `hf-unlearn eval` works
     if trainer.is_world_process_zero():
         write_report(trainer.record, config.output_dir)
+        print("\n" + membership_section(trainer.record))
         print(f"Demo finished in {trainer.record.extra['demo_seconds']:.0f} s.")
     return trainer
 

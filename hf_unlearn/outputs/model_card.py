@@ -17,7 +17,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..training.record import UnlearnRecord
-from .report import MEMORIZATION_METRICS, METRICS, format_value, lm_eval_section
+from .report import MEMORIZATION_METRICS, METRICS, format_value, lm_eval_section, membership_section
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "model_card.md"
 
@@ -245,7 +245,7 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         introduction=_introduction(record),
         record_rows=_record_rows(record),
         hyperparameters=hyperparameters,
-        metrics=_metrics_section(record.before, record.after),
+        metrics=_metrics_section(record.before, record.after) + membership_section(record),
         utility=_utility_section(record),
         quantization=_quantization_section(record.quantization),
         relearning=_relearning_section(record.relearning),

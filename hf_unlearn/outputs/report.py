@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+from ..evaluation.membership import membership_verdict, membership_verdict_line
 from ..training.record import UnlearnRecord
 
 METRICS = ("rouge_l_recall", "probability", "exact_match")
@@ -119,6 +120,9 @@ def report_markdown(record: UnlearnRecord) -> str:
     summary.append("")
     if record.before and record.after:
         summary += [report_table(record), ""]
+    membership = membership_section(record)
+    if membership:
+        summary += [membership]
     utility = lm_eval_section(record.lm_eval)
     if utility:
         summary += [utility]
@@ -301,22 +305,53 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
         for key in ("verbmem_forget", "knowmem_forget", "knowmem_retain"):
             if key in muse:
                 lines.append(f"| {key} (ROUGE-L F1) | {_fmt4(muse[key])} |")
-        for attack, auc in (muse.get("auc") or {}).items():
-            leak = (muse.get("privleak") or {}).get(attack)
-            lines.append(f"| membership AUC, {attack} | {_fmt4(auc)} |")
-            lines.append(f"| PrivLeak, {attack} (%) | {_fmt4(leak)} |")
+        lines.append("")
         if muse.get("auc"):
+            lines += [membership_table(muse), ""]
             lines += [
+                membership_verdict_line(muse.get("membership") or membership_verdict(muse["auc"])),
                 "",
                 "Membership AUC is MUSE's: P(a never-seen text scores as more familiar than a forget text); 0.5 is "
                 "chance. PrivLeak is its change against the model trained without the forget set, in %: about 0 is "
                 "what retraining gives, strongly negative means the forget set is still recognisable "
-                "(under-unlearning), positive that it looks less familiar than never-seen text (over-unlearning).",
+                "(under-unlearning), positive that it looks less familiar than never-seen text (over-unlearning). "
+                "An attack tells the forget set apart when its AUC is further than the tolerance from the same "
+                "attack's AUC on the model trained without the forget set (from 0.5 where there is none).",
             ]
         lines.append("")
     if result.get("lm_eval"):
         lines.append(lm_eval_section({"after": result["lm_eval"]}, "## Utility (lm-evaluation-harness)"))
     return "\n".join(lines)
+
+
+def membership_table(measured: dict[str, Any]) -> str:
+    """Per attack: the AUC, the never-trained model's (or chance), PrivLeak, and whether the attack still tells the
+    forget set from never-seen data (:func:`~hf_unlearn.evaluation.membership.membership_verdict`); ``measured``
+    holds ``auc`` and, where measured against a reference, ``privleak`` and ``membership``."""
+    verdict = measured.get("membership") or membership_verdict(measured["auc"])
+    lines = [
+        "| attack | AUC | never-trained AUC | PrivLeak (%) | tells the forget set apart |",
+        "|---|---|---|---|---|",
+    ]
+    for attack, row in verdict["per_attack"].items():
+        level = _fmt4(row["level"]) if row["level_from"] == "never_trained" else "- (judged against 0.5)"
+        leak = (measured.get("privleak") or {}).get(attack)
+        told = f"**yes** ({row['side'] or 'NaN'}, {row['off']:+.3f})" if row["distinguishes"] else "no"
+        lines.append(f"| {attack} | {_fmt4(row['auc'])} | {level} | {_fmt4(leak)} | {told} |")
+    return "\n".join(lines)
+
+
+def membership_section(record: UnlearnRecord) -> str:
+    """The record's membership verdict after unlearning (``record.evaluation['membership']``, or the chronicles
+    demo's MUSE evaluation), as a heading, the per-attack table and one sentence; ``""`` when none was measured."""
+    evaluation = record.evaluation or {}
+    measured = evaluation.get("membership") or ((evaluation.get("muse") or {}).get("after"))
+    if not measured or not measured.get("auc"):
+        return ""
+    verdict = measured.get("membership") or membership_verdict(measured["auc"])
+    return "\n".join(
+        ["## Membership attacks", "", membership_table(measured), "", membership_verdict_line(verdict), ""]
+    )
 
 
 def _fmt4(value: Any) -> str:

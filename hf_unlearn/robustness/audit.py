@@ -10,20 +10,24 @@ Thresholds (documented, and written next to each verdict):
 * relearning: the measured forget answers end more than :data:`hf_unlearn.robustness.relearn.RELEARN_THRESHOLD`
   ROUGE-L, or their probability more than :data:`hf_unlearn.robustness.relearn.RELEARN_PROBABILITY_THRESHOLD`,
   above a reference relearned the same way (or above the model's own start without a reference);
-* membership: MUSE's PrivLeak (Min-K%, the attack MUSE reports) outside +-:data:`PRIVLEAK_TOLERANCE` % of the
-  model trained without the forget set: below is under-unlearning (the forget set is still recognised), above is
-  over-unlearning. Without a reference model there is no PrivLeak: the AUCs are reported and the verdict is
-  ``"no reference"``.
+* membership: every attack the library ships
+  (:func:`~hf_unlearn.evaluation.membership.membership_verdict`): the check passes when no attack's AUC is further
+  than :data:`~hf_unlearn.evaluation.membership.MEMBERSHIP_TOLERANCE` from the same attack's AUC on the model trained
+  without the forget set; an attack below it is under-unlearning (the forget set is still recognised), above it
+  over-unlearning. MUSE's PrivLeak per attack is reported beside it. Without a reference model each AUC is judged
+  against 0.5 (chance), and the verdict says so (``"no reference"``): a model whose forget and holdout answers
+  differ in difficulty is not at 0.5 even after retraining, so that judgement is weaker.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
-#: |PrivLeak| (in %) within which the forget set counts as "as unfamiliar as for retraining".
+#: |PrivLeak| (in %) within which the audit counted the forget set "as unfamiliar as for retraining" by Min-K% alone,
+#: before it read every attack (issue 54); no verdict reads it now. Kept for imports until hf_unlearn 0.3.
 PRIVLEAK_TOLERANCE = 20.0
+#: The attack MUSE reports (Min-K%); the audit's verdict reads every attack now.
 PRIMARY_ATTACK = "min_k"
 
 
@@ -36,7 +40,9 @@ def membership_check(
     prompt_template: str | None = None,
 ) -> dict[str, Any]:
     """The membership attacks on forget vs holdout answers (given their questions), AUC per attack and, with a
-    reference model, PrivLeak per attack and the verdict on :data:`PRIMARY_ATTACK`."""
+    reference model, PrivLeak per attack; ``attacks``: which attacks tell the forget set apart
+    (:func:`~hf_unlearn.evaluation.membership.membership_verdict`, against 0.5 without a reference model) and
+    ``verdict`` (:func:`membership_side`, ``"no reference"`` without one)."""
     from ..evaluation.suites import evaluate_muse, qa_evaluation_sets
 
     sets = qa_evaluation_sets(tokenizer, forget_records, None, holdout_records, prompt_template)
@@ -51,22 +57,30 @@ def membership_check(
         retrained_auc=retrained["auc"] if retrained else None,
         attack_reference_model=reference_model,
     )
-    result: dict[str, Any] = {"auc": measured["auc"], "privleak": measured["privleak"]}
+    result: dict[str, Any] = {
+        "auc": measured["auc"],
+        "privleak": measured["privleak"],
+        "attacks": measured["membership"],  # every attack, against the reference's AUC (or 0.5 without one)
+    }
     if retrained:
         result["reference_auc"] = retrained["auc"]
-        leak = measured["privleak"][PRIMARY_ATTACK]
-        result["verdict"] = (
-            "undefined (the reference's AUC is 0)"
-            if math.isnan(leak)
-            else "under-unlearned"
-            if leak < -PRIVLEAK_TOLERANCE
-            else "over-unlearned"
-            if leak > PRIVLEAK_TOLERANCE
-            else "like retraining"
-        )
+        result["verdict"] = membership_side(measured["membership"])
     else:
         result["verdict"] = "no reference"
     return result
+
+
+def membership_side(verdict: dict[str, Any]) -> str:
+    """``"like retraining"`` when no attack tells the forget set apart, else the side the telling attacks read:
+    ``"under-unlearned"`` (still a member), ``"over-unlearned"`` (less familiar than never-seen data), or both."""
+    sides = {verdict["per_attack"][attack]["side"] for attack in verdict["which"]}
+    if not sides:
+        return "like retraining"
+    if sides == {"member"}:
+        return "under-unlearned"
+    if sides == {"less familiar"}:
+        return "over-unlearned"
+    return "under- and over-unlearned (by different attacks)"
 
 
 def run_audit(
@@ -113,14 +127,13 @@ def run_audit(
             model, tokenizer, forget_records, holdout_records, reference_model, prompt_template
         )
         result["membership"] = membership
-        leak = (membership.get("privleak") or {}).get(PRIMARY_ATTACK)
+        attacks = membership["attacks"]
+        against = "retraining" if reference_model is not None else "0.5 (no reference model)"
         verdicts["membership"] = {
-            "passed": membership["verdict"] == "like retraining"
-            if leak is not None and not math.isnan(leak)
-            else None,
-            "finding": membership["verdict"]
-            + (f" (PrivLeak {leak:+.1f}%)" if leak is not None else f" (AUC {membership['auc'][PRIMARY_ATTACK]:.3f})"),
-            "threshold": f"Min-K% PrivLeak within +-{PRIVLEAK_TOLERANCE:g}% of retraining",
+            "passed": attacks["landed"],
+            "finding": f"{membership['verdict']}: {attacks['distinguishing']} of {attacks['attacks']} attacks tell "
+            "the forget set apart" + (f" ({', '.join(attacks['which'])})" if attacks["which"] else ""),
+            "threshold": f"every attack's AUC within {attacks['tolerance']:g} of {against}",
         }
     return result
 
@@ -193,13 +206,17 @@ def audit_markdown(audit: dict[str, Any]) -> str:
     membership = audit.get("membership")
     if membership:
         lines += ["### Membership attacks (MUSE's orientation: AUC 0 = forget set recognised, 0.5 = chance)", ""]
-        lines += ["| attack | AUC | reference AUC | PrivLeak (%) |", "|---|---|---|---|"]
+        lines += ["| attack | AUC | reference AUC | PrivLeak (%) | tells the forget set apart |"]
+        lines += ["|---|---|---|---|---|"]
+        judged = (membership.get("attacks") or {}).get("per_attack", {})
         for attack, auc in membership["auc"].items():
             reference = (membership.get("reference_auc") or {}).get(attack)
             leak = (membership.get("privleak") or {}).get(attack)
+            row = judged.get(attack)
+            told = "-" if row is None else (f"yes ({row['side'] or 'NaN'})" if row["distinguishes"] else "no")
             lines.append(
                 f"| {attack} | {auc:.3f} | {'-' if reference is None else f'{reference:.3f}'} | "
-                f"{'-' if leak is None else f'{leak:+.1f}'} |"
+                f"{'-' if leak is None else f'{leak:+.1f}'} | {told} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -210,6 +227,7 @@ __all__ = [
     "audit_markdown",
     "audit_record_fields",
     "membership_check",
+    "membership_side",
     "quantization_verdict",
     "relearning_verdict",
     "run_audit",

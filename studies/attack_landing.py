@@ -1,0 +1,310 @@
+"""Does MASC's stop land by every membership attack, or only by the one it steers by (issue 54)?
+
+The embedded benchmark's target unlearned by MASC with the demo's settings (``hf-unlearn demo``: lr 3e-4, the
+calibration authors, every other option at its default), one run per seed. For the stopped model, for the
+never-trained (retain-only) model and for the target before unlearning: the AUC of every attack the library ships
+(forget answers against the holdout authors' answers, given their questions, as ``hf-unlearn eval`` reads them;
+``reference`` with the start model as reference), and per token what Min-K%++ standardises with: the answer token's
+log-probability, the mean and spread of the model's log-probabilities at that position, the standardised value and
+the token's rank. With ``--every N`` the first seed's run is also measured every N optimizer steps, and
+``--no_stop`` runs the same budget without the stop (what a fixed budget gives beside it).
+
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python studies/attack_landing.py --seeds 0 1 2 --every 10 \
+        --output attack_landing.json [key=value UnlearnConfig overrides ...]
+
+The library is used through its public API; the three study-only variants (``--rival_temperature``,
+``--entropy_weight``, ``--z_weight``) patch the one function that computes the rival KL
+(``hf_unlearn.objectives.masc.rival_kl``) for the run and are not options of the library. Findings:
+docs/studies/attack_landing.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import TrainerCallback
+
+from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
+from hf_unlearn.benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
+from hf_unlearn.evaluation import (
+    embedded_evaluation_sets,
+    evaluate_muse,
+    evaluate_qa,
+    membership_verdict,
+    token_statistics,
+)
+
+SPLIT = "forget10"
+
+
+def attack_aucs(model, tokenizer, sets, start_model) -> dict[str, float]:
+    """Every attack's AUC, forget answers against holdout answers (0.5 = chance, towards 0 = still a member)."""
+    return evaluate_muse(model, tokenizer, sets, attack_reference_model=start_model)["auc"]
+
+
+def token_profile(model, tokenizer, sets, k: float = 0.4) -> dict[str, dict[str, float]]:
+    """Per set (forget, holdout): the mean over answer tokens of log p(y), of the mean and the spread of log p(z) at
+    that position, of the standardised value (Min-K%++'s), the share of tokens that are the model's top choice, and
+    the same means over the lowest ``k`` share of each answer's standardised values (what Min-K%++ averages)."""
+    profile = {}
+    for name in ("privleak_forget", "privleak_holdout"):
+        data = sets[name]
+        rows = token_statistics(model, tokenizer, list(data["text"]), prompts=list(data["prompt"]))
+        every, lowest = [], []
+        for row in rows:
+            z = (row["log_prob"].double() - row["mean"].double()) / row["std"].double().clamp(min=1e-12)
+            columns = torch.stack([row["log_prob"].double(), row["mean"].double(), row["std"].double(), z], dim=1)
+            every.append(columns)
+            count = max(1, int(k * len(z)))
+            lowest.append(columns[torch.argsort(z)[:count]])
+        every_t, lowest_t = torch.cat(every), torch.cat(lowest)
+        keys = ("log_prob", "mean", "std", "z")
+        entry = {key: every_t[:, i].mean().item() for i, key in enumerate(keys)}
+        entry.update({f"lowest_{key}": lowest_t[:, i].mean().item() for i, key in enumerate(keys)})
+        profile[name.removeprefix("privleak_")] = entry
+    return profile
+
+
+class AttackTrajectory(TrainerCallback):
+    """Every attack's AUC every ``every`` optimizer steps (and at step 0)."""
+
+    def __init__(self, tokenizer, sets, start_model, every: int) -> None:
+        self.tokenizer, self.sets, self.start_model, self.every = tokenizer, sets, start_model, every
+        self.rows: list[dict] = []
+
+    def measure(self, model, step: int) -> None:
+        self.rows.append({"step": step, "auc": attack_aucs(model, self.tokenizer, self.sets, self.start_model)})
+        print(f"  step {step}: " + ", ".join(f"{a} {v:.3f}" for a, v in self.rows[-1]["auc"].items()), flush=True)
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.measure(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every == 0:
+            self.measure(model, state.global_step)
+
+
+def sharpen_rival_target(temperature: float) -> None:
+    """A study-only variant, not an option of the library: the rival KL (``masc_rival_kl``) holds the model to the
+    start model's distribution over the other tokens at ``temperature`` instead of 1, so that what replaces the
+    forgotten token is as confident as the start model's best alternative allows. Patches the one function."""
+    import hf_unlearn.objectives.masc as masc
+
+    original = masc.rival_kl
+
+    def sharpened(logits, reference_logits, labels, num_items=None):
+        return original(logits, reference_logits / temperature, labels, num_items)
+
+    masc.rival_kl = sharpened
+
+
+def position_entropies(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The entropy of the model's distribution at every position that predicts an answer token (aligned: position t
+    predicts labels[t + 1]), as a 1-D tensor in the order of the scored tokens."""
+    shifted, targets = logits[:, :-1].float(), labels[:, 1:]
+    mask = targets != -100
+    log_probs = torch.log_softmax(shifted[mask], dim=-1)
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
+def standardised(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Min-K%++'s per-token value, (log p(y) - mean) / spread of log p under the position's own distribution, at
+    every scored position of aligned ``logits``/``labels`` (position t predicts labels[t]), as a 1-D tensor."""
+    mask = labels != -100
+    log_probs = torch.log_softmax(logits[mask].float(), dim=-1)
+    probs = log_probs.exp()
+    mean = (probs * log_probs).sum(-1)
+    spread = ((probs * log_probs.square()).sum(-1) - mean.square()).clamp(min=1e-12).sqrt()
+    chosen = log_probs.gather(-1, labels[mask].unsqueeze(-1)).squeeze(-1)
+    return (chosen - mean) / spread
+
+
+def match_standardised(weight: float, start_model, calibration) -> None:
+    """A study-only variant, not an option of the library: beside MASC's loss, a hinge that pulls each forget
+    token's standardised log-probability (what Min-K%++ reads) down to the never-seen value at its rank (the
+    calibration answers' under the start model, matched by rank as the margin's thresholds are). Added to the
+    rival KL term, as :func:`match_entropy`."""
+    import hf_unlearn.objectives.masc as masc
+    from hf_unlearn.data.pairing import pad_examples
+    from hf_unlearn.objectives.margin import calibrated_thresholds
+
+    batch = pad_examples([{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in calibration], 0)
+    start_model.eval()
+    with torch.no_grad():
+        logits = start_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    never_seen = standardised(logits[:, :-1], batch["labels"][:, 1:]).sort().values
+    print(f"never-seen standardised value under the start model: mean {never_seen.mean():.3f}", flush=True)
+    original = masc.rival_kl
+
+    def with_standardised(logits, reference_logits, labels, num_items=None):
+        values = standardised(logits, labels)
+        thresholds = calibrated_thresholds(values.detach(), never_seen.to(values.device))
+        count = num_items if num_items is not None else (labels != -100).sum()
+        hinge = torch.relu(values - thresholds).sum() / count
+        return original(logits, reference_logits, labels, num_items) + weight / 5.0 * hinge
+
+    masc.rival_kl = with_standardised
+
+
+def match_entropy(weight: float, start_model, calibration) -> None:
+    """A study-only variant, not an option of the library: beside MASC's loss, a hinge that pulls the entropy at
+    each forget answer position down to the never-seen level at its rank (the calibration answers' entropies under
+    the start model, matched by rank as the margin's thresholds are), so that the distribution around a forgotten
+    token ends as confident as around a never-seen one. Added to the rival KL term (its call is patched; the sum is
+    scaled back by ``masc_rival_kl``)."""
+    import hf_unlearn.objectives.masc as masc
+    from hf_unlearn.data.pairing import pad_examples
+    from hf_unlearn.objectives.margin import calibrated_thresholds
+
+    batch = pad_examples([{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in calibration], 0)
+    start_model.eval()
+    with torch.no_grad():
+        logits = start_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    never_seen = position_entropies(logits, batch["labels"]).sort().values
+    print(f"never-seen entropy under the start model: mean {never_seen.mean():.3f} over {len(never_seen)} tokens")
+    original = masc.rival_kl
+
+    def with_entropy(logits, reference_logits, labels, num_items=None):
+        # rival_kl gets logits and labels already aligned (position t predicts labels[t])
+        mask = labels != -100
+        log_probs = torch.log_softmax(logits[mask].float(), dim=-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        thresholds = calibrated_thresholds(entropy.detach(), never_seen.to(entropy.device))
+        hinge = torch.relu(entropy - thresholds).sum() / (num_items if num_items is not None else mask.sum())
+        kl_weight = 5.0  # the default masc_rival_kl the study runs with; the hinge carries its own weight
+        return original(logits, reference_logits, labels, num_items) + weight / kl_weight * hinge
+
+    masc.rival_kl = with_entropy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--every", type=int, default=0, help="measure the first seed's run every N steps (0: off)")
+    parser.add_argument("--no_stop", action="store_true", help="run the whole budget, no stop (a fixed budget)")
+    parser.add_argument("--learning_rate", type=float, default=3e-4)
+    parser.add_argument("--num_train_epochs", type=float, default=80)
+    parser.add_argument(
+        "--rival_temperature", type=float, default=None,
+        help="study only: the rival KL's target is the start model's distribution at this temperature (< 1: sharper)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--entropy_weight", type=float, default=None,
+        help="study only: add a hinge pulling each forget position's entropy to its never-seen rank, this weight",
+    )  # fmt: skip
+    parser.add_argument(
+        "--z_weight", type=float, default=None,
+        help="study only: add a hinge pulling each forget token's standardised log-probability to its never-seen rank",
+    )  # fmt: skip
+    parser.add_argument("--output", default="attack_landing.json")
+    parser.add_argument("overrides", nargs="*", help="UnlearnConfig key=value pairs")
+    cli = parser.parse_args()
+    overrides = {}
+    for item in cli.overrides:
+        key, _, value = item.partition("=")
+        for kind in (int, float):
+            try:
+                value = kind(value)
+                break
+            except ValueError:
+                continue
+        overrides[key] = {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
+
+    if cli.rival_temperature is not None:
+        sharpen_rival_target(cli.rival_temperature)
+    target, tokenizer, _ = learn_target_model(show_progress=False)
+    never, _ = learn_retain_only_model(SPLIT)
+    sets = embedded_evaluation_sets(SPLIT)
+    sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout", "forget")}
+    forget_records, retain_records = load_split(SPLIT), load_split(retain_split_for(SPLIT))
+    forget = build_qa_dataset(forget_records, tokenizer)
+    retain = build_qa_dataset(retain_records, tokenizer, name="retain")
+    calibration = build_qa_dataset(load_split("calibration"), tokenizer, name="calibration")
+    start_state = {k: v.clone() for k, v in target.state_dict().items()}
+    if cli.entropy_weight is not None:
+        match_entropy(cli.entropy_weight, target, calibration)
+    if cli.z_weight is not None:
+        match_standardised(cli.z_weight, target, calibration)
+
+    never_auc = attack_aucs(never, tokenizer, sets, target)
+    result = {
+        "never_trained": {"auc": never_auc, "tokens": token_profile(never, tokenizer, sets)},
+        "target": {
+            "auc": attack_aucs(target, tokenizer, sets, target),
+            "tokens": token_profile(target, tokenizer, sets),
+        },
+        "settings": {
+            "learning_rate": cli.learning_rate,
+            "no_stop": cli.no_stop,
+            "rival_temperature": cli.rival_temperature,
+            "entropy_weight": cli.entropy_weight,
+            "z_weight": cli.z_weight,
+            **overrides,
+        },  # fmt: skip
+        "runs": [],
+    }
+    print("never-trained:", json.dumps(never_auc), flush=True)
+    for index, seed in enumerate(cli.seeds):
+        model = type(target)(target.config)
+        model.load_state_dict(start_state)
+        callbacks = []
+        if cli.every and index == 0:
+            callbacks.append(AttackTrajectory(tokenizer, sets, target, cli.every))
+        options = dict(
+            output_dir=f"/tmp/attack_landing/{seed}", overwrite_output_dir=True, report_to="none",
+            save_strategy="no", learning_rate=cli.learning_rate, num_train_epochs=cli.num_train_epochs, seed=seed,
+            disable_tqdm=True, **overrides,
+        )  # fmt: skip
+        if cli.no_stop:
+            options.update(stop_on_violation=False)
+        trainer = UnlearnTrainer(
+            model=model, args=UnlearnConfig(**options), train_dataset=forget, retain_dataset=retain,
+            processing_class=tokenizer, calibration_dataset=calibration, callbacks=callbacks,
+        )  # fmt: skip
+        began = time.perf_counter()
+        trainer.train()
+        seconds = time.perf_counter() - began
+        unlearned = trainer.model
+        auc = attack_aucs(unlearned, tokenizer, sets, target)
+        verdict = membership_verdict(auc, never_auc)
+        qa = {
+            name: evaluate_qa(unlearned, tokenizer, data)
+            for name, data in (("forget", forget_records), ("retain", retain_records))
+        }
+        run = {
+            "seed": seed,
+            "steps": trainer.state.global_step,
+            "stop_reason": trainer.record.stop_reason,
+            "stop_kind": trainer.record.stop_kind,
+            "seconds": seconds,
+            "auc": auc,
+            "verdict": verdict,
+            "tokens": token_profile(unlearned, tokenizer, sets),
+            "forget_rouge_l_recall": qa["forget"]["rouge_l_recall"],
+            "retain_rouge_l_recall": qa["retain"]["rouge_l_recall"],
+        }
+        if callbacks:
+            run["trajectory"] = callbacks[0].rows
+        result["runs"].append(run)
+        print(
+            f"seed {seed}: {run['steps']} steps ({run['stop_kind']}), "
+            + ", ".join(f"{a} {v:.3f}" for a, v in auc.items())
+            + f"; {verdict['distinguishing']} of {verdict['attacks']} attacks tell it apart",
+            flush=True,
+        )
+        with open(cli.output, "w") as f:
+            json.dump(result, f, indent=2)
+    for attack in never_auc:
+        values = [run["auc"][attack] for run in result["runs"]]
+        spread = statistics.stdev(values) if len(values) > 1 else 0.0
+        print(
+            f"{attack}: never-trained {never_auc[attack]:.3f}, unlearned {statistics.mean(values):.3f} +- {spread:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
