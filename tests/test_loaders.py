@@ -134,7 +134,11 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
     # Every attack that one model can run (all but Reference, which needs a second model), each with its PrivLeak.
     leaks = json.loads((again / "eval.json").read_text())["muse"]["privleak"]
     assert leaks == {"loss": 0.0, "zlib": 0.0, "min_k": 0.0, "min_k_plus_plus": 0.0, "gradnorm": 0.0}
-    assert "PrivLeak, min_k" in (again / "eval.md").read_text()
+    # the same model as its own reference: every attack at its reference's AUC, so none tells the forget set apart
+    text = (again / "eval.md").read_text()
+    assert "| attack | AUC | never-trained AUC | PrivLeak (%) | tells the forget set apart |" in text
+    assert "| min_k |" in text and "none of the 5 attacks tells the forget set from never-seen data" in text
+    assert json.loads((again / "eval.json").read_text())["muse"]["membership"]["landed"] is True
 
 
 # --- a folder of TOFU rows (../shared/tofu: real rows of TOFU, see its README) -----------------------------------
