@@ -44,48 +44,10 @@ def qa_membership_auc(
     member_scores: Sequence[AnswerScores] | None = None,
 ) -> float:
     """AUC of ``attack`` telling ``members`` from ``non_members`` (question/answer records), each answer scored as the
-    continuation of its prompt in the format the model learned. ``member_scores``: the members' teacher-forced
-    pass taken with the attack's reads (:func:`~hf_unlearn.evaluation.membership.attack_reads`), read instead of
-    scoring the answers again where it ran over the same tokens. The non-members of a forward attack are scored by
-    the same teacher-forced pass (its LM head only where an answer token is predicted, a shared prompt prefix run
-    once)."""
-
-    members_read = attack_scores(model, tokenizer, members, prompt_template, attack, scored=member_scores)
-    non_members_read = qa_attack_scores(model, tokenizer, non_members, prompt_template, attack)
-    return membership_auc(members_read, non_members_read)
-
-
-def attack_scores(
-    model: Any,
-    tokenizer: Any,
-    records: Sequence[Mapping[str, Any]],
-    prompt_template: str | None,
-    attack: str,
-    scored: Sequence[AnswerScores] | None = None,
-) -> list[float]:
-    """Each record's ``attack`` score, its answer read as the continuation of its prompt: from ``scored`` (its
-    teacher-forced pass) where given, else from the attack's own forward."""
-    pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
-    texts = [completion for _, completion in pairs]
-    prompts = [prompt for prompt, _ in pairs]
-    return membership_scores(model, tokenizer, texts, prompts=prompts, attacks=(attack,), scored=scored)[attack]
-
-
-def qa_attack_scores(
-    model: Any,
-    tokenizer: Any,
-    records: Sequence[Mapping[str, Any]],
-    prompt_template: str | None = None,
-    attack: str = "min_k",
-) -> list[float]:
-    """:func:`attack_scores` of question/answer records, a forward attack's read from one teacher-forced pass (its LM
-    head only where an answer token is predicted, a shared prompt prefix run once): what
-    :func:`qa_membership_auc` scores its non-members with, so that sets compared pairwise are each scored once."""
-    reads = attack_reads((attack,))
-    scored = None
-    if reads:
-        scored, _ = measure_answers(model, tokenizer, records, (), prompt_template=prompt_template, reads=reads)
-    return attack_scores(model, tokenizer, records, prompt_template, attack, scored=scored)
+    continuation of its prompt in the format the model learned: :func:`qa_membership_aucs` of one attack."""
+    return qa_membership_aucs(model, tokenizer, members, non_members, prompt_template, (attack,), member_scores)[
+        attack
+    ]
 
 
 def qa_membership_aucs(
@@ -98,23 +60,75 @@ def qa_membership_aucs(
     member_scores: Sequence[AnswerScores] | None = None,
     reference_model: Any = None,
 ) -> dict[str, float]:
-    """Every one of ``attacks``' AUC telling ``members`` from ``non_members`` (question/answer records), each answer
-    scored as the continuation of its prompt, as :func:`qa_membership_auc` scores one attack. ``reference`` runs
-    only with ``reference_model`` (it is left out without one); ``member_scores`` as in :func:`qa_membership_auc`.
-    """
-    attacks = [a for a in attacks if a != "reference" or reference_model is not None]
-    read = {}
-    for name, records, scored in (("members", members, member_scores), ("others", non_members, None)):
-        pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
-        if scored is None and attack_reads(attacks):
-            scored, _ = measure_answers(
-                model, tokenizer, records, (), prompt_template=prompt_template, reads=attack_reads(attacks)
-            )
-        read[name] = membership_scores(
-            model, tokenizer, [c for _, c in pairs], prompts=[p for p, _ in pairs], attacks=attacks,
-            reference_model=reference_model, scored=scored,
-        )  # fmt: skip
-    return {attack: membership_auc(read["members"][attack], read["others"][attack]) for attack in read["members"]}
+    """Each of ``attacks``' AUC telling ``members`` from ``non_members`` (question/answer records), each answer scored
+    as the continuation of its prompt in the format the model learned (``reference`` needs ``reference_model``).
+    ``member_scores``: the members' teacher-forced pass taken with the attacks' reads
+    (:func:`~hf_unlearn.evaluation.membership.attack_reads`), read instead of scoring the answers again where it ran
+    over the same tokens. The non-members of the forward attacks are scored by the same kind of teacher-forced pass
+    (its LM head only where an answer token is predicted, a shared prompt prefix run once)."""
+    read = _records_scores(model, tokenizer, members, prompt_template, attacks, member_scores, reference_model)
+    others = _qa_scores(model, tokenizer, non_members, prompt_template, attacks, reference_model)
+    return {attack: membership_auc(read[attack], others[attack]) for attack in read}
+
+
+def attack_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Mapping[str, Any]],
+    prompt_template: str | None,
+    attack: str,
+    scored: Sequence[AnswerScores] | None = None,
+) -> list[float]:
+    """Each record's ``attack`` score, its answer read as the continuation of its prompt: from ``scored`` (its
+    teacher-forced pass) where given, else from the attack's own forward."""
+    return _records_scores(model, tokenizer, records, prompt_template, (attack,), scored)[attack]
+
+
+def qa_attack_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Mapping[str, Any]],
+    prompt_template: str | None = None,
+    attack: str = "min_k",
+) -> list[float]:
+    """:func:`attack_scores` of question/answer records, a forward attack's read from one teacher-forced pass (its LM
+    head only where an answer token is predicted, a shared prompt prefix run once): what
+    :func:`qa_membership_auc` scores its non-members with, so that sets compared pairwise are each scored once."""
+    return _qa_scores(model, tokenizer, records, prompt_template, (attack,))[attack]
+
+
+def _records_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Mapping[str, Any]],
+    prompt_template: str | None,
+    attacks: Sequence[str],
+    scored: Sequence[AnswerScores] | None = None,
+    reference_model: Any = None,
+) -> dict[str, list[float]]:
+    """Each of ``attacks``' score of every record, its answer as the continuation of its prompt (``scored``: its
+    teacher-forced pass, where given)."""
+    pairs = [prompt_and_completion(tokenizer, r["question"], r["answer"], prompt_template) for r in records]
+    return membership_scores(
+        model, tokenizer, [completion for _, completion in pairs], prompts=[prompt for prompt, _ in pairs],
+        attacks=attacks, reference_model=reference_model, scored=scored,
+    )  # fmt: skip
+
+
+def _qa_scores(
+    model: Any,
+    tokenizer: Any,
+    records: Sequence[Mapping[str, Any]],
+    prompt_template: str | None,
+    attacks: Sequence[str],
+    reference_model: Any = None,
+) -> dict[str, list[float]]:
+    """:func:`_records_scores` with the forward attacks read from one teacher-forced pass over the records."""
+    reads = attack_reads(attacks)
+    scored = None
+    if reads:
+        scored, _ = measure_answers(model, tokenizer, records, (), prompt_template=prompt_template, reads=reads)
+    return _records_scores(model, tokenizer, records, prompt_template, attacks, scored, reference_model)
 
 
 def measure_qa_sets(
@@ -135,7 +149,10 @@ def measure_qa_sets(
     ``membership_auc`` (Min-K%) and ``membership_aucs`` (each of ``membership_attacks``; ``reference`` with
     ``attack_reference_model`` as its reference, left out without one). ``return_predictions``: every set's greedy
     answers under ``"predictions"``."""
-    attacks = tuple(dict.fromkeys((MEMBERSHIP_ATTACK, *membership_attacks)))
+    attacks = tuple(
+        a for a in dict.fromkeys((MEMBERSHIP_ATTACK, *membership_attacks))
+        if a != "reference" or attack_reference_model is not None
+    )  # fmt: skip
     scored: dict[str, Any] = {}
     if forget_set is not None and membership_holdout is not None:
         # One pass over the forget answers for their probability and the membership attacks' token statistics.

@@ -123,8 +123,12 @@ def reference_nll(
     batch_size: int = 32,
 ) -> float:
     """Mean over the non-empty ``answers`` of their mean token NLL given the question under ``reference_model``."""
-    scored = answer_nlls(reference_model, tokenizer, questions, answers, prompt_template, batch_size)
-    values = [mean for mean, _ in (v for v in scored if v is not None) if not math.isnan(mean)]
+    return _mean_nll(answer_nlls(reference_model, tokenizer, questions, answers, prompt_template, batch_size))
+
+
+def _mean_nll(scored: Sequence[tuple[float, float] | None]) -> float:
+    """The mean over answers of :func:`answer_nlls`' mean token NLL (empty answers, and NaN ones, left out)."""
+    values = [v[0] for v in scored if v is not None and not math.isnan(v[0])]
     return sum(values) / len(values) if values else float("nan")
 
 
@@ -161,8 +165,7 @@ def answer_fluency(
     measured["answer_words"] = [len(answer.split()) for answer in answers]
     if reference_model is not None:
         scored = answer_nlls(reference_model, tokenizer, questions, answers, prompt_template)
-        means = [v[0] for v in scored if v is not None and not math.isnan(v[0])]
-        measured["reference_nll"] = sum(means) / len(means) if means else float("nan")
+        measured["reference_nll"] = _mean_nll(scored)
         measured["worst_token_nll"] = [None if v is None else v[1] for v in scored]
     measured["examples"] = answers[:3]
     return measured

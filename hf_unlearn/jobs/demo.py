@@ -114,6 +114,9 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             "calibration": "hf_unlearn fictitious authors / calibration",
         },
     )
+    # The target before unlearning (the trained one was changed in place), from the cache: the audit's relearning
+    # reference and the reference attack's.
+    start_model = learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0]
     if demo_args.audit and whole_model_here(trainer, "audit", "audit"):
         from ..robustness.audit import audit_markdown, audit_record_fields, run_audit
 
@@ -124,11 +127,10 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             retain,
             load_split("holdout"),
             reference_model=reference_model,
-            target_model=learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0],
+            target_model=start_model,
         )
         trainer.record.update(**audit_record_fields(audit))
         print("\nRobustness audit:\n" + audit_markdown(audit))
-    start_model = learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0]
     trainer.record.update(
         evaluation={
             **trainer.record.evaluation,

@@ -307,10 +307,8 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
                 lines.append(f"| {key} (ROUGE-L F1) | {_fmt4(muse[key])} |")
         lines.append("")
         if muse.get("auc"):
-            lines += [membership_table(muse), ""]
+            lines += [membership_markdown(muse)]
             lines += [
-                membership_verdict_line(muse.get("membership") or membership_verdict(muse["auc"])),
-                "",
                 "Membership AUC is MUSE's: P(a never-seen text scores as more familiar than a forget text); 0.5 is "
                 "chance. PrivLeak is its change against the model trained without the forget set, in %: about 0 is "
                 "what retraining gives, strongly negative means the forget set is still recognisable "
@@ -324,10 +322,11 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def membership_table(measured: dict[str, Any]) -> str:
+def membership_markdown(measured: dict[str, Any]) -> str:
     """Per attack: the AUC, the never-trained model's (or chance), PrivLeak, and whether the attack still tells the
-    forget set from never-seen data (:func:`~hf_unlearn.evaluation.membership.membership_verdict`); ``measured``
-    holds ``auc`` and, where measured against a reference, ``privleak`` and ``membership``."""
+    forget set from never-seen data (:func:`~hf_unlearn.evaluation.membership.membership_verdict`), then the verdict
+    in one sentence; ``measured`` holds ``auc`` and, where measured against a reference, ``privleak`` and
+    ``membership`` (the verdict; judged against 0.5 here where it is absent)."""
     verdict = measured.get("membership") or membership_verdict(measured["auc"])
     lines = [
         "| attack | AUC | never-trained AUC | PrivLeak (%) | tells the forget set apart |",
@@ -338,20 +337,17 @@ def membership_table(measured: dict[str, Any]) -> str:
         leak = (measured.get("privleak") or {}).get(attack)
         told = f"**yes** ({row['side'] or 'NaN'}, {row['off']:+.3f})" if row["distinguishes"] else "no"
         lines.append(f"| {attack} | {_fmt4(row['auc'])} | {level} | {_fmt4(leak)} | {told} |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", membership_verdict_line(verdict), ""])
 
 
 def membership_section(record: UnlearnRecord) -> str:
     """The record's membership verdict after unlearning (``record.evaluation['membership']``, or the chronicles
-    demo's MUSE evaluation), as a heading, the per-attack table and one sentence; ``""`` when none was measured."""
+    demo's MUSE evaluation) under a heading (:func:`membership_markdown`); ``""`` when none was measured."""
     evaluation = record.evaluation or {}
     measured = evaluation.get("membership") or ((evaluation.get("muse") or {}).get("after"))
     if not measured or not measured.get("auc"):
         return ""
-    verdict = measured.get("membership") or membership_verdict(measured["auc"])
-    return "\n".join(
-        ["## Membership attacks", "", membership_table(measured), "", membership_verdict_line(verdict), ""]
-    )
+    return "\n".join(["## Membership attacks", "", membership_markdown(measured)])
 
 
 def _fmt4(value: Any) -> str:
