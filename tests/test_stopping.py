@@ -307,6 +307,27 @@ def test_auto_is_the_min_k_stop_with_calibration_data_and_the_papers_without(tmp
     assert (given.stop_target, given.calibration_auc_slack) == ("calibration", None)
 
 
+def test_the_papers_threshold_by_name_is_the_papers_mode_whole(tmp_path, memorized_llama_state, caplog):
+    """masc_threshold='rho' asked for with a calibration set: the stop resolves to the paper's violation rate, and
+    the calibration set is read nowhere (no probe measures it), said in a warning. Asked for with the calibrated
+    stop, the set is used."""
+    many = [make_example(i) for i in range(24)], [make_example(2000 + i) for i in range(24)]
+    with caplog.at_level(logging.WARNING, logger="hf_unlearn"):
+        trainer = UnlearnTrainer(
+            fresh(memorized_llama_state), config(tmp_path, masc_threshold="rho"), many[0], RETAIN,
+            calibration_dataset=many[1],
+        )  # fmt: skip
+    assert (trainer.args.stop_target, trainer.args.masc_threshold) == ("alpha", "rho")
+    assert not trainer.probes.sets.calibration
+    assert "the MASC paper's mode, which reads no never-seen data" in caplog.text
+    assert "violation_rate_calibration" not in trainer.probe()
+    calibrated = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path, masc_threshold="rho", stop_target="membership"), many[0],
+        RETAIN, calibration_dataset=many[1],
+    )  # fmt: skip
+    assert calibrated.probes.sets.calibration
+
+
 @pytest.mark.parametrize("target", ["calibration", "membership"])
 def test_calibration_target_without_calibration_data_is_named(tmp_path, target):
     with pytest.raises(ValueError, match=f"stop_target='{target}' .* calibration_dataset"):

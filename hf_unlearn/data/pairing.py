@@ -156,20 +156,36 @@ def pad_examples(examples: Sequence[Mapping[str, Any]], pad_token_id: int) -> di
     return {k: torch.tensor(v, dtype=torch.long) for k, v in batch.items()}
 
 
+@dataclass(frozen=True)
+class HostCopy:
+    """A padded batch's token ids, attention mask and labels as the collator made them, on the host. Trainer and
+    accelerate move a batch's tensors to the device but leave this object as it is, so what is decided from the
+    token ids (which rows were seen before, where the answers start) costs no read back from the device."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+
+
 class ForgetRetainCollator:
     """Collate items of :class:`ForgetRetainDataset` into ``{"forget": batch, "retain": batch}``.
 
-    Each side is padded with :func:`pad_examples`, or with ``inner`` (any Trainer data collator) when given.
+    Each side is padded with :func:`pad_examples`, or with ``inner`` (any Trainer data collator) when given, and
+    carries its :class:`HostCopy` under ``"host_copy"``.
     """
 
     def __init__(self, pad_token_id: int, inner: Any = None) -> None:
         self.pad_token_id = pad_token_id
         self.inner = inner
 
-    def _collate(self, examples: list[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
-        if self.inner is not None:
-            return dict(self.inner(examples))
-        return pad_examples(examples, self.pad_token_id)
+    def _collate(self, examples: list[Mapping[str, Any]]) -> dict[str, Any]:
+        batch: dict[str, Any] = (
+            dict(self.inner(examples)) if self.inner is not None else pad_examples(examples, self.pad_token_id)
+        )
+        tensors = [batch.get(key) for key in MODEL_INPUT_KEYS]
+        if all(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 2 for t in tensors):
+            batch["host_copy"] = HostCopy(*tensors)
+        return batch
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, torch.Tensor]]:
         batch = {"forget": self._collate([e["forget"] for e in examples])}

@@ -26,19 +26,12 @@ from scipy.stats import hmean, ks_2samp
 
 from ..data.examples import IGNORE_INDEX, tokenize_prompt, tokenize_qa
 from ..data.pairing import pad_examples
+from ..forwards import accepts_logits_to_keep, answer_logits, cache_keyword, left_padded_positions
 from ..objectives.margin import (
-    accepts_logits_to_keep,
     exact_reproduction_bound,
     measure_violations,
     threshold_from_probability,
     token_log_probs,
-)
-from .kv_cache import (
-    cache_keyword,
-    forward_after_shared_prefix,
-    left_padded_positions,
-    prompt_cache_keyword,
-    shared_prefix_length,
 )
 
 __all__ = [
@@ -271,24 +264,14 @@ def score_teacher_forced(
     device = model_device(model)
     examples, order = by_length(examples, lambda example: len(example["input_ids"]))
     results: list[Any] = []
-    keep_supported = accepts_logits_to_keep(model)
-    keyword = prompt_cache_keyword(model)
     total = math.ceil(len(examples) / batch_size)
     with evaluating(model):
         for batch in progress_bar(batches(examples, batch_size), total, desc, show_progress):
             padded = {k: v.to(device) for k, v in pad_examples(batch, pad_token_id).items()}
-            input_ids, mask, labels = padded["input_ids"], padded["attention_mask"], padded["labels"]
-            # The first position whose logits predict an answer token, in any row: nothing before it is scored.
-            first = max(int((labels != IGNORE_INDEX).int().argmax(dim=-1).min()) - 1, 0)
-            # The rows' shared leading tokens (a chat template's system prompt) run once, when the cache allows.
-            prefix = shared_prefix_length(input_ids, first) if keyword is not None else 0
-            # The LM head only where an answer token is predicted (else from the end of the shared prefix on).
-            labels = labels[:, first if keep_supported else prefix :]
-            extra = {"logits_to_keep": labels.shape[1]} if keep_supported else {}
-            if prefix:
-                logits = forward_after_shared_prefix(model, keyword, input_ids, mask, prefix, **extra)
-            else:
-                logits = model(input_ids=input_ids, attention_mask=mask, **extra).logits
+            # The LM head only where an answer token is predicted, the rows' shared leading tokens (a chat
+            # template's system prompt) run once when the cache allows.
+            logits, start = answer_logits(model, padded["input_ids"], padded["attention_mask"], padded["labels"])
+            labels = padded["labels"][:, start:]
             results.extend(score(logits, labels))
     return restore_order(results, order)
 

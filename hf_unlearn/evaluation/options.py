@@ -16,7 +16,7 @@ import torch
 
 from ..data.examples import tokenize_qa
 from ..data.pairing import pad_examples
-from .kv_cache import forward_after_prompts, prompt_cache_keyword
+from ..forwards import forward_after_prompts, prompt_cache_keyword
 from .metrics import (
     evaluating,
     left_pad,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..data.examples import IGNORE_INDEX
 from ..data.pairing import pad_examples
+from ..forwards import answer_logits
 
 COMPETITOR_SOURCES = ("self", "teacher")
 
@@ -411,27 +412,6 @@ def probabilities_of(log_probs: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     return torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored, scored
 
 
-def accepts_logits_to_keep(model: Any) -> bool:
-    """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def answer_window(labels: torch.Tensor) -> int:
-    """The first position whose logits predict an answer token in any row of ``labels`` (B, T): the LM head is
-    needed from there on only (``logits_to_keep = T - answer_window(labels)``)."""
-    scored = labels != IGNORE_INDEX
-    if not bool(scored.any()):
-        return 0
-    first = int(scored.int().argmax(dim=-1)[scored.any(dim=-1)].min())
-    return max(first - 1, 0)
-
-
 @torch.no_grad()
 def measure_violations(
     model: Any,
@@ -456,7 +436,6 @@ def measure_violations(
     a collective).
     """
     device = next(model.parameters()).device
-    keep_supported = accepts_logits_to_keep(model)
     was_training = model.training
     model.eval()
     fractions, lengths, probabilities, margins, tokens, copied, min_k = [], [], [], [], [], [], []
@@ -464,12 +443,10 @@ def measure_violations(
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
             batch = {key: value.to(device) for key, value in padded.items()}
-            # The LM head (and the top-k over the vocabulary) only where an answer token is predicted: a chat
-            # template's prompt is often half the sequence.
-            first = answer_window(batch["labels"]) if keep_supported else 0
-            extra = {"logits_to_keep": batch["labels"].shape[1] - first} if keep_supported else {}
+            # The LM head (and the top-k over the vocabulary) only where an answer token is predicted, a chat
+            # template's shared system prompt run once: the prompt is often half the sequence.
+            logits, first = answer_logits(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
             answer_labels = batch["labels"][:, first:]
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], **extra).logits
             shifted, labels = shift_for_causal_lm(logits, answer_labels)
             teacher = None
             if reference_logits is not None:

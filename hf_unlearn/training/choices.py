@@ -146,12 +146,15 @@ def resolved_for_data(
     resolved = copy.copy(args)
     spread = membership_auc_spread(forget_size, calibration_size) if forget_size and calibration_size else 0.0
     too_few = spread > MEMBERSHIP_AUC_MAX_SPREAD
+    # The paper's threshold asked for by name is the paper's mode, whole: its stop is the violation rate too, and
+    # it reads no calibration set (arXiv 2606.02920 §3).
+    paper_mode = args.masc_threshold == "rho"
     for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
         if getattr(args, name) == "auto":
             calibrated = "calibration" if name == "stop_target" and too_few else AUTO_TARGETS[name]
-            setattr(resolved, name, calibrated if has_calibration else plain)
+            setattr(resolved, name, calibrated if has_calibration and not paper_mode else plain)
             logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
-    if args.stop_target == "auto" and has_calibration and too_few:
+    if args.stop_target == "auto" and has_calibration and too_few and not paper_mode:
         logger.warning(
             f"UnlearnTrainer: stop_target='auto' resolved to 'calibration' (the calibration gap), not the Min-K% stop "
             f"('membership'): {forget_size} forget and {calibration_size} calibration answers read its AUC only to "

@@ -90,6 +90,10 @@ class UnlearnConfig(TrainingArguments):
             dtype of the frozen reference copy that KL, NPO, UNDIAL, AltPO, IdkDPO and RMU compare with in full
             fine-tuning: None (the model's own) or 'bfloat16' / 'float16' (half the memory; the objectives upcast its
             logits). A PEFT model's reference is its base with the adapters off and costs nothing.
+        reference_cache_gb (`float`, *optional*, defaults to `2.0`):
+            Host memory, in GiB, for the frozen start model's LM-head inputs kept per example (one hidden vector
+            per answer token), so that a row seen again runs only the LM head instead of the start model (a forget
+            set is seen once per epoch). 0 runs the start model on every batch. Not used under FSDP or ZeRO-3.
 
     > Parameters that combine the forget and retain gradients
 
@@ -329,6 +333,10 @@ class UnlearnConfig(TrainingArguments):
     reference_dtype: str | None = field(
         default=None,
         metadata={"help": "dtype of the frozen reference copy: None (the model's), 'bfloat16' or 'float16'."},
+    )
+    reference_cache_gb: float = field(
+        default=2.0,
+        metadata={"help": "Host GiB for the start model's LM-head inputs kept per example (0: run it every batch)."},
     )
 
     # Parameters that combine the forget and retain gradients

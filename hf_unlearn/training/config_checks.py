@@ -87,6 +87,8 @@ def check_method(config: Any) -> None:
                 f"{name} must be >= 0, got {value}: it scales a loss that is minimised, so a negative weight "
                 "would train the opposite of what the objective means."
             )
+    if not config.reference_cache_gb >= 0:
+        raise ValueError(f"reference_cache_gb must be >= 0 (GiB of host memory), got {config.reference_cache_gb!r}.")
     if config.reference_dtype not in (None, "bfloat16", "float16", "float32"):
         raise ValueError(
             f"reference_dtype must be None, 'bfloat16', 'float16' or 'float32', got {config.reference_dtype!r}."

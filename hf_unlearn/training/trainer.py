@@ -54,6 +54,7 @@ from .record import UnlearnRecord, run_datasets
 from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 from .sharpness import ForgetSAM
+from .start_model_logits import StartModelLogits, start_model_is_constant
 
 logger = logging.get_logger(__name__)
 
@@ -129,6 +130,13 @@ class UnlearnTrainer(Trainer):
         if sizes[1] is not None:
             sizes[1] = min(sizes[1], calibration_sample_size(args))  # the answers the probes measure
         args = resolved_for_data(args, calibration_dataset is not None, *sizes)
+        if calibration_dataset is not None and args.masc_threshold == "rho" and args.stop_target == "alpha":
+            logger.warning(
+                "UnlearnTrainer: masc_threshold='rho' with stop_target='alpha' is the MASC paper's mode, which reads "
+                "no never-seen data: the calibration_dataset is not used (stop_target='membership' or "
+                "masc_threshold='calibration' would use it)."
+            )
+            calibration_dataset = None
         if processing_class is not None:
             ensure_pad_token(processing_class)
         model = self._prepare_model_and_reference(model, args, peft_config, ref_model)
@@ -192,6 +200,15 @@ class UnlearnTrainer(Trainer):
                 zero3=self._runs_zero3,
                 reference_dtype=args.reference_dtype,
             )
+        # The start model's logits where the objectives read them, kept per example while it stays constant.
+        sharded = self.weights_are_sharded
+        constant = start_model_is_constant(self.accelerator.unwrap_model(self.model), self.ref_model is not None)
+        self.start_model_logits = StartModelLogits(
+            lambda: self._reference_mode(self.model),
+            budget_bytes=int(args.reference_cache_gb * 2**30),
+            may_keep=constant and not sharded,
+            may_trim=not sharded,
+        )
         # The parameters the optimizer steps, bound when training starts (see _trainable).
         self._trainable_params: list[torch.Tensor] | None = None
         self.surgery = SurgeryBuffers(
@@ -247,7 +264,7 @@ class UnlearnTrainer(Trainer):
             self.accelerator,
             model=lambda: self.accelerator.unwrap_model(self.model),
             trainable=self._trainable,
-            reference_logits=lambda batch: self.reference_logits(self.model, batch),
+            reference_logits=lambda batch: self.start_model_logits(batch),
             running=runs_from_training_forwards(args, self.forget_objective, self.model),
             calibrated=args.stop_target in ("calibration", "membership"),
             can_snapshot=not self.is_deepspeed_enabled,
@@ -291,7 +308,8 @@ class UnlearnTrainer(Trainer):
             yield reference
 
     def reference_logits(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Logits of the frozen start model on ``batch`` (no gradient)."""
+        """Logits of the frozen start model on ``batch`` (no gradient), at every position. (The objectives and the
+        probes read them only where an answer token is predicted, from ``self.start_model_logits``.)"""
         return self._reference_outputs(model, batch, hidden_states=False).logits
 
     def _reference_outputs(self, model: nn.Module, batch: Mapping[str, torch.Tensor], hidden_states: bool) -> Any:
@@ -307,7 +325,12 @@ class UnlearnTrainer(Trainer):
     ) -> LossInputs:
         """Run the forwards an objective declared it needs: the model's, and the reference model's if asked."""
         hidden = objective.needs_hidden_states
-        reference = self._reference_outputs(model, batch, hidden) if objective.needs_reference(self.args) else None
+        reference_logits = reference_hidden_states = None
+        if objective.needs_reference(self.args) and hidden:  # hidden states are read at every position
+            reference = self._reference_outputs(model, batch, hidden_states=True)
+            reference_logits, reference_hidden_states = reference.logits, reference.hidden_states
+        elif objective.needs_reference(self.args):
+            reference_logits = self.start_model_logits(batch)
         calibration = self.probes.calibration_thresholds() if objective.needs_calibration(self.args) else None
         outputs = model(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden
@@ -316,10 +339,10 @@ class UnlearnTrainer(Trainer):
             logits=outputs.logits,
             labels=batch["labels"],
             config=self.args,
-            reference_logits=None if reference is None else reference.logits,
+            reference_logits=reference_logits,
             attention_mask=batch["attention_mask"],
             hidden_states=outputs.hidden_states if hidden else None,
-            reference_hidden_states=reference.hidden_states if hidden and reference is not None else None,
+            reference_hidden_states=reference_hidden_states,
             num_items=num_items,
             calibration_margins=calibration,
             calibration_levels=self.probes.calibration_levels,

@@ -1,8 +1,11 @@
-"""The KV cache as the measurement uses it: which models can continue one, and a batch's shared prefix encoded once.
+"""The teacher-forced forward that the probes, the measurement and the start model's logits share: the LM head only
+where an answer token is predicted, a batch's shared prefix encoded once, and which models can continue a KV cache.
 
-Every teacher-forced row of a chat model starts with the same tokens (SmolLM2's template puts a ~30-token system
+Every teacher-forced row of a chat model starts with the same tokens (SmolLM2's template puts a ~25-token system
 prompt before each question): :func:`forward_after_shared_prefix` runs those once, repeats their keys and values over
 the batch, and runs each row's remaining tokens as the continuation, at the positions the full forward gives them.
+:func:`answer_logits` puts it together with ``logits_to_keep`` (the LM head from the first predicted answer token
+on). Below the objectives and the metrics: it imports nothing of the package but the label convention.
 """
 
 from __future__ import annotations
@@ -12,11 +15,30 @@ from typing import Any
 
 import torch
 
-from ..objectives.margin import accepts_logits_to_keep
+from .data.examples import IGNORE_INDEX
 
 #: A batch's shared leading tokens are run once only when they are at least this many (below, the extra forward
 #: call costs more than it saves).
 SHARED_PREFIX_MIN_TOKENS = 8
+
+
+def accepts_logits_to_keep(model: Any) -> bool:
+    """Whether the (base) model's forward takes ``logits_to_keep`` (transformers' generative models do)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def answer_window(labels: torch.Tensor) -> int:
+    """The first position whose logits predict an answer token in any row of ``labels`` (B, T): the LM head is
+    needed from there on only (``logits_to_keep = T - answer_window(labels)``)."""
+    scored = labels != IGNORE_INDEX
+    if not bool(scored.any()):
+        return 0
+    first = int(scored.int().argmax(dim=-1)[scored.any(dim=-1)].min())
+    return max(first - 1, 0)
 
 
 def cache_keyword(model: Any) -> str | None:
@@ -59,7 +81,8 @@ def shared_prefix_length(input_ids: torch.Tensor, limit: int) -> int:
     limit = min(limit, input_ids.shape[1])
     if input_ids.shape[0] < 2 or limit < SHARED_PREFIX_MIN_TOKENS:
         return 0
-    differing = (input_ids[:, :limit] != input_ids[:1, :limit]).any(dim=0).nonzero()
+    ids = input_ids[:, :limit].cpu().numpy()  # one copy to the host (none for the collator's host copy)
+    differing = (ids != ids[:1]).any(axis=0).nonzero()[0]
     length = int(differing[0]) if len(differing) else limit
     return length if length >= SHARED_PREFIX_MIN_TOKENS else 0
 
@@ -115,8 +138,39 @@ def forward_after_shared_prefix(
     )  # fmt: skip
 
 
+def answer_logits(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    labels: torch.Tensor,
+    first: int | None = None,
+    prefix: int | None = None,
+) -> tuple[torch.Tensor, int]:
+    """The logits of a right-padded teacher-forced batch from position ``start`` on, and ``start``: the first
+    position whose logits predict an answer token when the model takes ``logits_to_keep`` (the LM head runs from
+    there on), else the end of the rows' shared prefix; the shared prefix runs once when the model's cache allows
+    (:func:`forward_after_shared_prefix`). ``labels[:, start:]`` aligns with the result as a causal LM's labels
+    with its logits. ``first`` (:func:`answer_window`) and ``prefix`` (:func:`shared_prefix_length` up to
+    ``first``), when the caller knows them, spare reading the batch back from the device."""
+    keep = accepts_logits_to_keep(model)
+    first = answer_window(labels) if first is None else first
+    keyword = prompt_cache_keyword(model) if first else None
+    if keyword is None:
+        prefix = 0
+    elif prefix is None:
+        prefix = shared_prefix_length(input_ids, first)
+    start = first if keep else prefix
+    extra = {"logits_to_keep": input_ids.shape[1] - start} if keep else {}
+    if prefix:
+        return forward_after_shared_prefix(model, keyword, input_ids, attention_mask, prefix, **extra), start
+    return model(input_ids=input_ids, attention_mask=attention_mask, **extra).logits, start
+
+
 __all__ = [
     "SHARED_PREFIX_MIN_TOKENS",
+    "accepts_logits_to_keep",
+    "answer_logits",
+    "answer_window",
     "cache_keyword",
     "forward_after_prompts",
     "forward_after_shared_prefix",

@@ -1,0 +1,175 @@
+"""The start model's logits computed once per example (issue 55): the shared prefix run once, the LM head only where
+an answer token is predicted, the head's inputs kept per example. Each value must equal the plain full forward's."""
+
+import pytest
+import torch
+from conftest import ARCHITECTURES, make_tiny_model, unlearn_config
+from peft import LoraConfig, get_peft_model
+from transformers import Gemma2Config, Gemma2ForCausalLM
+
+from hf_unlearn import UnlearnTrainer
+from hf_unlearn.data.pairing import pad_examples
+from hf_unlearn.objectives.registry import FORGET_OBJECTIVES
+from hf_unlearn.training.reference import adapters_disabled, frozen_copy
+from hf_unlearn.training.start_model_logits import StartModelLogits, read_positions, start_model_is_constant
+
+PREFIX = 10  # the leading tokens every row shares, as a chat template's system prompt
+
+
+def prefixed_examples(count: int, seed: int = 0, prefix: int = PREFIX) -> list[dict]:
+    """Rows that share ``prefix`` leading tokens, of different lengths and question lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    shared = torch.randint(1, 64, (prefix,), generator=generator).tolist()
+    rows = []
+    for i in range(count):
+        rest = torch.randint(1, 64, (6 + 3 * (i % 4),), generator=generator).tolist()
+        question = 2 + i % 3
+        ids = shared + rest
+        rows.append({"input_ids": ids, "labels": [-100] * (prefix + question) + ids[prefix + question :]})
+    return rows
+
+
+def lora_model(architecture: str, **lora):
+    config = LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False, **lora)
+    return get_peft_model(make_tiny_model(architecture), config)
+
+
+def full_forward(model, batch):
+    with torch.no_grad():
+        return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_equal_to_the_full_forward_first_and_kept(architecture):
+    """On padded rows of mixed lengths sharing a prefix: the first call (prefix run once, head from the first answer
+    position) and the second (head over the kept inputs only) give the plain forward's logits where they are read."""
+    model = lora_model(architecture)
+    batch = pad_examples(prefixed_examples(4), pad_token_id=0)
+    with adapters_disabled(model) as start:
+        want = full_forward(start, batch)
+    start_logits = StartModelLogits(lambda: adapters_disabled(model), budget_bytes=2**20)
+    read = read_positions(batch["labels"])
+    first = start_logits(batch)
+    assert (start_logits.forwards, start_logits.head_only, start_logits.verified) == (1, 0, True)
+    again = start_logits(batch)
+    assert (start_logits.forwards, start_logits.head_only) == (1, 1)
+    assert first.shape == again.shape == want.shape
+    torch.testing.assert_close(first[read], want[read], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(again[read], want[read], rtol=1e-5, atol=1e-5)
+    # The adapters change the model: the start model's logits are not the trained model's.
+    assert not torch.allclose(full_forward(model, batch)[read], want[read], atol=1e-3)
+
+
+def test_rows_in_another_batch_and_budget():
+    """A row is found again in a batch of other rows and another padding length; a row beyond the budget runs the
+    start model again, and a budget of 0 keeps nothing."""
+    model = make_tiny_model("llama")
+    start = frozen_copy(model).eval()
+    rows = prefixed_examples(6)
+    start_logits = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
+    start_logits(pad_examples(rows[:4], 0))
+    mixed = pad_examples([rows[3], rows[1]], 0)  # both seen, padded to another length
+    got = start_logits(mixed)
+    assert start_logits.head_only == 1
+    read = read_positions(mixed["labels"])
+    torch.testing.assert_close(got[read], full_forward(start, mixed)[read], rtol=1e-5, atol=1e-5)
+    start_logits(pad_examples([rows[1], rows[5]], 0))  # one row not seen: the start model runs
+    assert start_logits.forwards == 2
+
+    tight = StartModelLogits(lambda: _yield(start), budget_bytes=1)
+    tight(pad_examples(rows[:2], 0))
+    tight(pad_examples(rows[:2], 0))
+    assert (tight.forwards, tight.head_only, tight.kept) == (2, 0, {})
+    none = StartModelLogits(lambda: _yield(start), budget_bytes=0)
+    none(pad_examples(rows[:2], 0))
+    none(pad_examples(rows[:2], 0))
+    assert (none.forwards, none.head_only, none.kept) == (2, 0, {})
+
+
+def test_the_same_tokens_with_other_answer_positions_are_not_taken_for_a_kept_row():
+    """Continuation scoring draws a forget row's scored tokens anew each epoch: the same token ids with other labels
+    are another row (their logits are read elsewhere)."""
+    start = frozen_copy(make_tiny_model("qwen2")).eval()
+    rows = prefixed_examples(3)
+    start_logits = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
+    start_logits(pad_examples(rows, 0))
+    cut = [{**row, "labels": [-100] * 3 + row["labels"][3:-2] + [-100, -100]} for row in rows]
+    cut[0]["labels"] = [-100] * (len(rows[0]["labels"]) - 3) + rows[0]["input_ids"][-3:]
+    batch = pad_examples(cut, 0)
+    got = start_logits(batch)
+    assert start_logits.forwards == 2
+    read = read_positions(batch["labels"])
+    torch.testing.assert_close(got[read], full_forward(start, batch)[read], rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_that_transforms_its_logits_keeps_nothing():
+    """Gemma 2 soft-caps its logits after the LM head: the head's inputs would not give them, so none are kept and
+    every call runs the start model (and still returns its logits)."""
+    config = Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, final_logit_softcapping=0.5, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    start = Gemma2ForCausalLM(config).eval()
+    batch = pad_examples(prefixed_examples(3), 0)
+    start_logits = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
+    start_logits(batch)
+    got = start_logits(batch)
+    assert (start_logits.verified, start_logits.forwards, start_logits.kept) == (False, 2, {})
+    read = read_positions(batch["labels"])
+    torch.testing.assert_close(got[read], full_forward(start, batch)[read], rtol=1e-5, atol=1e-5)
+
+
+def test_a_start_model_that_moves_is_not_kept():
+    """LoRA alone leaves the start model (adapters off) constant; LoRA that trains the base's biases does not."""
+    assert start_model_is_constant(lora_model("llama"), separate_reference=False)
+    assert not start_model_is_constant(lora_model("gpt2", bias="all"), separate_reference=False)
+    assert start_model_is_constant(make_tiny_model("llama"), separate_reference=True)
+
+
+REFERENCE_READERS = sorted(
+    name
+    for name, objective in FORGET_OBJECTIVES.items()
+    if not (objective.needs_hidden_states or objective.needs_refusal or objective.needs_alternate)
+    and objective.needs_reference(unlearn_config("unused", method=name))
+) + ["masc"]  # MASC's defaults: the rival KL and the retain KL (the preference objectives read the start
+# model through the same call, on their paired batch too)
+
+
+@pytest.mark.parametrize("method", REFERENCE_READERS)
+def test_training_equals_the_start_model_run_every_time(tmp_path, method):
+    """Every objective that reads the start model's logits trains to the same weights whether they come from one
+    full forward per batch (the code before issue 55) or from the shared prefix, the trimmed head and the kept
+    inputs; the kept ones are read from the second epoch on."""
+    rows = prefixed_examples(8)
+    retain = prefixed_examples(8, seed=1)
+
+    def trained(plain: bool):
+        model = lora_model("llama")
+        args = unlearn_config(
+            tmp_path / f"{method}-{plain}", method=method, per_device_train_batch_size=4, num_train_epochs=3,
+            learning_rate=1e-2, probe_interval=0, stop_on_violation=False, seed=0,
+        )  # fmt: skip
+        calibration = prefixed_examples(8, seed=2) if method == "masc" else None
+        trainer = UnlearnTrainer(
+            model=model, args=args, train_dataset=rows, retain_dataset=retain, calibration_dataset=calibration
+        )
+        if plain:
+            trainer.start_model_logits = StartModelLogits(
+                lambda: trainer._reference_mode(trainer.model), budget_bytes=0, may_trim=False
+            )
+        trainer.train()
+        weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        return weights, trainer.start_model_logits
+
+    plain, _ = trained(plain=True)
+    kept, start_logits = trained(plain=False)
+    assert start_logits.head_only > 0
+    for name, value in plain.items():
+        torch.testing.assert_close(kept[name], value, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def _yield(model):
+    from contextlib import nullcontext
+
+    return nullcontext(model)
