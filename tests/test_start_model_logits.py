@@ -50,9 +50,14 @@ def test_equal_to_the_full_forward_first_and_kept(architecture):
     start_logits = StartModelLogits(lambda: adapters_disabled(model), budget_bytes=2**20)
     read = read_positions(batch["labels"])
     first = start_logits(batch)
-    assert (start_logits.forwards, start_logits.head_only, start_logits.verified) == (1, 0, True)
+    assert (start_logits.row_forwards, start_logits.head_only, start_logits.verified) == (4, 1, True)
     again = start_logits(batch)
-    assert (start_logits.forwards, start_logits.head_only) == (1, 1)
+    assert (start_logits.row_forwards, start_logits.forwards, start_logits.head_only) == (4, 0, 2)
+    # Beyond the budget the batch's own forward runs (shared prefix once, head from the first answer position).
+    unkept = StartModelLogits(lambda: adapters_disabled(model), budget_bytes=0)
+    batched = unkept(batch)
+    assert (unkept.forwards, unkept.row_forwards) == (1, 0)
+    torch.testing.assert_close(batched[read], want[read], rtol=1e-5, atol=1e-5)
     assert first.shape == again.shape == want.shape
     torch.testing.assert_close(first[read], want[read], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(again[read], want[read], rtol=1e-5, atol=1e-5)
@@ -70,20 +75,36 @@ def test_rows_in_another_batch_and_budget():
     start_logits(pad_examples(rows[:4], 0))
     mixed = pad_examples([rows[3], rows[1]], 0)  # both seen, padded to another length
     got = start_logits(mixed)
-    assert start_logits.head_only == 1
+    assert (start_logits.head_only, start_logits.row_forwards) == (2, 4)
     read = read_positions(mixed["labels"])
     torch.testing.assert_close(got[read], full_forward(start, mixed)[read], rtol=1e-5, atol=1e-5)
-    start_logits(pad_examples([rows[1], rows[5]], 0))  # one row not seen: the start model runs
-    assert start_logits.forwards == 2
+    start_logits(pad_examples([rows[1], rows[5]], 0))  # one row not seen: that row alone runs the start model
+    assert (start_logits.row_forwards, start_logits.head_only, start_logits.forwards) == (5, 3, 0)
 
     tight = StartModelLogits(lambda: _yield(start), budget_bytes=1)
     tight(pad_examples(rows[:2], 0))
     tight(pad_examples(rows[:2], 0))
-    assert (tight.forwards, tight.head_only, tight.kept) == (2, 0, {})
+    assert (tight.forwards, tight.row_forwards, tight.head_only, tight.kept) == (2, 0, 0, {})
     none = StartModelLogits(lambda: _yield(start), budget_bytes=0)
     none(pad_examples(rows[:2], 0))
     none(pad_examples(rows[:2], 0))
     assert (none.forwards, none.head_only, none.kept) == (2, 0, {})
+
+
+def test_a_rows_value_does_not_depend_on_the_batch_that_first_brought_it():
+    """A resumed run starts with nothing kept and meets its rows in other batches than the uninterrupted run did:
+    each row's logits are the same bits whichever batch (other rows, other padding) first brought it, so the
+    resumed run trains on what the uninterrupted one did."""
+    start = frozen_copy(make_tiny_model("llama")).eval()
+    rows = prefixed_examples(6)
+    later = pad_examples([rows[3], rows[1]], 0)
+    uninterrupted = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
+    uninterrupted(pad_examples(rows[:5], 0))
+    resumed = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
+    assert torch.equal(uninterrupted(later), resumed(later))
+    again = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
+    again(pad_examples([rows[5], rows[1], rows[3]], 0))
+    assert torch.equal(uninterrupted(later), again(later))
 
 
 def test_the_same_tokens_with_other_answer_positions_are_not_taken_for_a_kept_row():
@@ -97,7 +118,7 @@ def test_the_same_tokens_with_other_answer_positions_are_not_taken_for_a_kept_ro
     cut[0]["labels"] = [-100] * (len(rows[0]["labels"]) - 3) + rows[0]["input_ids"][-3:]
     batch = pad_examples(cut, 0)
     got = start_logits(batch)
-    assert start_logits.forwards == 2
+    assert start_logits.row_forwards == 6  # each of the three cut rows is a new row
     read = read_positions(batch["labels"])
     torch.testing.assert_close(got[read], full_forward(start, batch)[read], rtol=1e-5, atol=1e-5)
 
@@ -115,7 +136,9 @@ def test_a_model_that_transforms_its_logits_keeps_nothing():
     start_logits = StartModelLogits(lambda: _yield(start), budget_bytes=2**20)
     start_logits(batch)
     got = start_logits(batch)
-    assert (start_logits.verified, start_logits.forwards, start_logits.kept) == (False, 2, {})
+    assert (start_logits.verified, start_logits.forwards, start_logits.row_forwards, start_logits.kept) == (
+        False, 2, 1, {},
+    )  # fmt: skip
     read = read_positions(batch["labels"])
     torch.testing.assert_close(got[read], full_forward(start, batch)[read], rtol=1e-5, atol=1e-5)
 

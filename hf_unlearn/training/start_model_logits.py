@@ -6,17 +6,19 @@ so :class:`StartModelLogits` computes them as cheaply as that allows (the preced
 ``precompute_ref_log_probs``, which stores the reference's sequence log-probabilities; a KL over the vocabulary needs
 more, and storing logits would cost a vocabulary's floats per token):
 
-* the rows' shared leading tokens (a chat template's system prompt) run once and the LM head runs from the first
-  predicted answer token on (:func:`~hf_unlearn.forwards.answer_logits`, the probes' and the measurement's
-  forward);
 * the LM head's *input* at each read position (one hidden vector per answer token: 576 floats for SmolLM2-135M,
-  4,096 for a 7B Llama, against 49k-128k for its logits) is kept per example in host memory, up to a budget; when a
-  batch's every row was seen before, only the LM head runs. A forget set is seen once per epoch, so from the second
-  epoch on the forget rows' start-model forward costs one LM head over the answer tokens.
+  4,096 for a 7B Llama, against 49k-128k for its logits) is kept per example in host memory, up to a budget; a
+  batch whose every row is kept runs only the LM head. A forget set is seen once per epoch, so from the second
+  epoch on the forget rows' start-model forward costs one LM head over the answer tokens;
+* a row that is not kept (beyond the budget, or every row when the start model moves) runs in its batch's forward,
+  the rows' shared leading tokens (a chat template's system prompt) once and the LM head from the first predicted
+  answer token on (:func:`~hf_unlearn.forwards.answer_logits`, the probes' and the measurement's forward).
 
-The returned tensor has the full ``(B, T, V)`` shape the objectives take and zeros where nothing reads it. The
-kept vectors are used only after the first batch showed that the LM head applied to them gives the forward's logits
-(a model that transforms its logits after the head, e.g. Gemma 2's soft-capping, keeps none). What is decided from
+The returned tensor has the full ``(B, T, V)`` shape the objectives take and zeros where nothing reads it. A row
+is kept from a forward of that row alone, so what it is given does not depend on the batch that first brought it
+(a resumed run, whose kept inputs start empty, computes the uninterrupted run's values). The kept vectors are used
+only after the first row showed that the LM head applied to them gives the forward's logits (a model that
+transforms its logits after the head, e.g. Gemma 2's soft-capping, keeps none). What is decided from
 the token ids (which rows were seen, where answers start, the shared prefix) is read from the collator's host copy
 (:class:`~hf_unlearn.data.pairing.HostCopy`), so a training step reads nothing back from the device for it.
 """
@@ -51,10 +53,12 @@ def read_positions(labels: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class RowsLayout:
     """What a batch's token ids decide, computed on the host: each row's key (its attended tokens, where they start,
-    which positions are read: the start model's logits there depend on nothing else), the read positions as
-    (row, position) index arrays, the first read position and the rows' shared prefix up to it."""
+    which positions are read: the start model's logits there depend on nothing else), where each row's attended
+    tokens end, the read positions as (row, position) index arrays, the first read position and the rows' shared
+    prefix up to it."""
 
     keys: list[bytes]
+    ends: list[int]
     rows: np.ndarray
     positions: np.ndarray
     first: int
@@ -66,16 +70,17 @@ class RowsLayout:
         read = np.zeros(labels.shape, dtype=bool)
         read[:, :-1] = labels[:, 1:] != IGNORE_INDEX
         rows, positions = read.nonzero()
-        keys = []
+        keys, ends = [], []
         for row in range(ids.shape[0]):
             attended = mask[row].astype(bool)
+            ends.append(int(attended.nonzero()[0].max()) + 1 if attended.any() else 0)
             digest = hashlib.blake2b(digest_size=16)
             digest.update(ids[row][attended].tobytes())
             digest.update(int(attended.argmax()).to_bytes(8, "little"))
             digest.update(positions[rows == row].tobytes())
             keys.append(digest.digest())
         first = int(positions.min()) if len(positions) else 0
-        return cls(keys, rows, positions, first, shared_prefix_length(host.input_ids, first))
+        return cls(keys, ends, rows, positions, first, shared_prefix_length(host.input_ids, first))
 
 
 def host_copy(batch: Mapping[str, Any]) -> HostCopy:
@@ -89,6 +94,11 @@ def host_copy(batch: Mapping[str, Any]) -> HostCopy:
 class StartModelLogits:
     """Callable ``batch -> logits`` of the frozen start model, exact at every position an answer token is
     predicted (to float tolerance: the LM head over fewer rows may round differently), zeros elsewhere.
+
+    A row's kept head inputs come from a forward of that row alone (its trailing padding cut), so they are the same
+    bits whichever batch first brought it: a run resumed from a checkpoint, whose kept inputs start empty, computes
+    what the uninterrupted run used. A row beyond the budget runs in the batch's own forward every time (what it
+    gives depends on the batch's rows, as a plain forward's does).
 
     ``reference_mode()``: a context manager that yields the start model (the PEFT model with its adapters off, or
     the separate frozen copy). ``budget_bytes``: host memory for the kept head inputs (0 keeps none).
@@ -109,9 +119,11 @@ class StartModelLogits:
         self.may_trim = may_trim
         self.kept: dict[bytes, torch.Tensor] = {}
         self.kept_bytes = 0
-        self.verified: bool | None = None  # None until the first batch compared head(kept) with the forward
-        self.forwards = 0
-        self.head_only = 0
+        self.verified: bool | None = None  # None until the first row compared head(kept) with its forward
+        self.full = False  # the budget was reached: no more rows are kept
+        self.forwards = 0  # batches that ran the start model's forward
+        self.row_forwards = 0  # single rows that ran it to be kept
+        self.head_only = 0  # batches answered from kept head inputs alone
 
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
@@ -120,72 +132,76 @@ class StartModelLogits:
                 self.forwards += 1
                 return reference(input_ids=input_ids, attention_mask=attention_mask).logits
             layout = RowsLayout.of(host_copy(batch))
+            if self.budget_bytes > 0 and self.verified is not False and not self.full:
+                self._keep_new_rows(reference, batch, layout)
             if self.verified and all(key in self.kept for key in layout.keys):
                 self.head_only += 1
                 return self._from_kept(reference, layout, input_ids.shape[1])
             self.forwards += 1
-            return self._forward(reference, batch, layout)
+            logits, first = answer_logits(
+                reference, input_ids, attention_mask, batch["labels"], layout.first, layout.prefix
+            )
+            if not first:
+                return logits
+            padded = logits.new_zeros(input_ids.shape[0], input_ids.shape[1], logits.shape[-1])
+            padded[:, first:] = logits
+            return padded
 
-    def _forward(self, reference: nn.Module, batch: Mapping[str, Any], layout: RowsLayout) -> torch.Tensor:
-        """The start model's forward from the first read position on (the shared prefix once), the LM head's input
-        kept for the rows not kept yet."""
-        input_ids = batch["input_ids"]
-        keep = self.budget_bytes > 0 and self.verified is not False
+    def _keep_new_rows(self, reference: nn.Module, batch: Mapping[str, Any], layout: RowsLayout) -> None:
+        """Run each row not kept yet alone, up to its last attended token, and keep its LM head's inputs at its read
+        positions; the first such row checks that the LM head alone gives the forward's logits."""
+        head = reference.get_output_embeddings()
+        width, item = head.weight.shape[1], head.weight.element_size()
+        for row, key in enumerate(layout.keys):
+            if key in self.kept:
+                continue
+            positions = layout.positions[layout.rows == row]
+            size = len(positions) * width * item
+            if self.kept_bytes + size > self.budget_bytes:
+                self.full = True
+                logger.info(
+                    f"UnlearnTrainer: the start model's kept outputs reached their budget "
+                    f"({self.budget_bytes / 2**30:.2f} GiB, reference_cache_gb); rows not kept run the start "
+                    "model in each batch."
+                )
+                return
+            vectors = self._row_head_inputs(reference, batch, row, positions, layout.ends[row])
+            if vectors is None:
+                return
+            self.kept[key] = vectors
+            self.kept_bytes += size
+
+    def _row_head_inputs(
+        self, reference: nn.Module, batch: Mapping[str, Any], row: int, positions: np.ndarray, end: int
+    ) -> torch.Tensor | None:
+        """One row's LM head inputs at ``positions`` (on the host), or None when the head alone does not give the
+        forward's logits (then nothing is kept from here on)."""
+        head = reference.get_output_embeddings()
+        if not len(positions):
+            return head.weight.new_empty(0, head.weight.shape[1], device="cpu")
         captured: list[torch.Tensor] = []
-        hook = None
-        if keep:
-            hook = reference.get_output_embeddings().register_forward_hook(
-                lambda _module, args, _output: captured.append(args[0])
-            )
+        hook = head.register_forward_hook(lambda _module, args, _output: captured.append(args[0]))
+        one = slice(row, row + 1)
         try:
-            kept, first = answer_logits(
-                reference, input_ids, batch["attention_mask"], batch["labels"], layout.first, layout.prefix
-            )
+            logits, start = answer_logits(
+                reference, batch["input_ids"][one, :end], batch["attention_mask"][one, :end],
+                batch["labels"][one, :end], int(positions.min()), 0,
+            )  # fmt: skip
         finally:
-            if hook is not None:
-                hook.remove()
-        logits = kept
-        if first:
-            logits = kept.new_zeros(input_ids.shape[0], input_ids.shape[1], kept.shape[-1])
-            logits[:, first:] = kept
-        if keep and captured and captured[-1].shape[:2] == kept.shape[:2]:
-            self._keep(reference, layout, first, captured[-1], logits)
-        return logits
-
-    def _keep(
-        self, reference: nn.Module, layout: RowsLayout, first: int, head_inputs: torch.Tensor, logits: torch.Tensor
-    ) -> None:
-        """Keep each row's head inputs at its read positions (one copy to the host per batch); on the first batch,
-        check that the LM head gives the forward's logits from them."""
-        device = head_inputs.device
-        rows = torch.as_tensor(layout.rows, device=device)
-        positions = torch.as_tensor(layout.positions, device=device)
-        vectors = head_inputs[rows, positions - first]
+            hook.remove()
+        self.row_forwards += 1
+        at = torch.as_tensor(positions - start, device=logits.device)
+        vectors = captured[-1][0, at]
         if self.verified is None:
-            again = reference.get_output_embeddings()(vectors).float()
-            self.verified = again.shape == logits[rows, positions].shape and torch.allclose(
-                again, logits[rows, positions].float(), rtol=_tolerance(logits.dtype), atol=1e-4
-            )
+            again = head(vectors).float()
+            self.verified = torch.allclose(again, logits[0, at].float(), rtol=_tolerance(logits.dtype), atol=1e-4)
             if not self.verified:
                 logger.info(
                     "UnlearnTrainer: the model's LM head does not give its logits alone (it transforms them "
                     "after the head); the start model runs on every batch."
                 )
-                return
-        counts = np.bincount(layout.rows, minlength=len(layout.keys)).tolist()
-        on_host = vectors.detach().to("cpu", copy=True)
-        for key, row_vectors in zip(layout.keys, on_host.split(counts), strict=True):
-            if key in self.kept:
-                continue
-            size = row_vectors.numel() * row_vectors.element_size()
-            if self.kept_bytes + size > self.budget_bytes:
-                logger.info_once(
-                    f"UnlearnTrainer: the start model's kept outputs reached their budget "
-                    f"({self.budget_bytes / 2**30:.2f} GiB); rows not seen yet run the start model each time."
-                )
-                return
-            self.kept[key] = row_vectors.clone()  # its own storage, not a view of the batch's
-            self.kept_bytes += size
+                return None
+        return vectors.detach().to("cpu", copy=True)
 
     def _from_kept(self, reference: nn.Module, layout: RowsLayout, length: int) -> torch.Tensor:
         head = reference.get_output_embeddings()
