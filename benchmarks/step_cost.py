@@ -223,6 +223,7 @@ def masc_steps(
         "probe_seconds_by_set": dict(trainer.probes.seconds_by_set),
         "start_model": {
             "forwards": start_model.forwards,
+            "row_forwards": start_model.row_forwards,
             "head_only": start_model.head_only,
             "kept_mib": start_model.kept_bytes / 2**20,
             "kept_tokens": sum(len(vectors) for vectors in start_model.kept.values()),
@@ -293,7 +294,8 @@ def table(result: dict[str, Any]) -> str:
     kept = result["start_model"]
     lines += [
         "",
-        f"Start model: {kept['forwards']} forwards, {kept['head_only']} batches from kept head inputs "
+        f"Start model: {kept['forwards']} batch forwards, {kept['row_forwards']} single-row forwards (rows kept), "
+        f"{kept['head_only']} batches from kept head inputs "
         f"({kept['kept_tokens']} tokens, {kept['kept_mib']:.1f} MiB).",
         "",
         f"`train()` took {result['train_seconds']:.0f} s, {result['outside_steps_seconds']:.0f} s of it outside the "

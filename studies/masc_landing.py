@@ -10,7 +10,7 @@ kinds fill Min-K%'s lowest 40%. The run is then measured like ``hf-unlearn compa
 
 ``--masc_overrides stop_on_violation=false max_steps=800 --track_stop_statistics`` runs without the stop and keeps,
 every ``--auc_every`` steps, what a stop could read and the adapter (``trajectory/step-N``; ``studies/stop_replay.py``
-reads them again).
+at f1ebda8 reads them again).
 
 The target and the never-trained model come from compare's cache; their measurements (the region) are cached in
 ``--region_cache`` per split, so that each run only measures itself. Writes ``result.json`` and ``tokens.png``.

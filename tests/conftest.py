@@ -32,6 +32,7 @@ NUMERICS_MODULES = {
     "test_membership",
     "test_stopping",
     "test_objectives",
+    "test_start_model_logits",
 }
 
 
@@ -201,11 +202,34 @@ def train_on_answers(model, tokenizer, records, steps: int, lr: float, ascent: b
     return model
 
 
+def built_once_per_run(name, build, fresh, tmp_path_factory):
+    """The models ``build()`` returns, built once per test run: under pytest-xdist the first worker that asks builds
+    them and saves their weights, and every other worker waits for it (a file lock) and loads them into ``fresh()``
+    models, exactly; in one process, ``build()``."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build()
+    from filelock import FileLock
+
+    # the run's own folder, shared by its workers (pytest-N/ above each worker's popen-gwK/)
+    path = tmp_path_factory.getbasetemp().parent / f"{name}.pt"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():
+            models = build()
+            torch.save([model.state_dict() for model in models], path)
+            return models
+    models = []
+    for state in torch.load(path):
+        model = fresh()
+        model.load_state_dict(state)
+        models.append(model)
+    return models
+
+
 @pytest.fixture(scope="session")
-def suppressed_setting():
+def suppressed_setting(tmp_path_factory):
     """The embedded tokenizer and, on forget05 / 20 retain / 10 holdout QA: a target (learned forget + retain), a
     'suppressed' copy (the target after 10 steps of gradient ascent on the forget set) and a reference (learned the
-    retain set only). Built once per session."""
+    retain set only). Built once per session (under pytest-xdist, once per run: ~80 s)."""
     import copy
 
     from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
@@ -221,9 +245,13 @@ def suppressed_setting():
         # is float64 throughout (Llama's RMSNorm computes in float32).
         return cpu_independent_init(tiny_model(tokenizer, "gpt2", hidden_size=64, num_layers=2, num_heads=2).double())
 
-    target = train_on_answers(fresh(), tokenizer, forget + retain, 300, 1e-2)
-    reference = train_on_answers(fresh(), tokenizer, retain, 300, 1e-2)
-    suppressed = train_on_answers(copy.deepcopy(target), tokenizer, forget, 10, 1e-3, ascent=True)
+    def build():
+        target = train_on_answers(fresh(), tokenizer, forget + retain, 300, 1e-2)
+        reference = train_on_answers(fresh(), tokenizer, retain, 300, 1e-2)
+        suppressed = train_on_answers(copy.deepcopy(target), tokenizer, forget, 10, 1e-3, ascent=True)
+        return target, reference, suppressed
+
+    target, reference, suppressed = built_once_per_run("suppressed_setting", build, fresh, tmp_path_factory)
     return {
         "tokenizer": tokenizer,
         "forget": forget,

@@ -184,8 +184,8 @@ def test_compare_writes_the_table_json_and_plot(tmp_path):
 @pytest.mark.slow
 def test_compare_with_lora_trains_adapters_on_every_run(tmp_path):
     out = tmp_path / "cmp"
-    argv = ["compare", "--methods", "ga", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
-            "--retain_eval_size", "10", "--lora_r", "4", "--output_dir", str(out)]  # fmt: skip
+    argv = ["compare", "--methods", "ga", "--learning_rates", "1e-3", "--masc_learning_rates", "1e-3", "--seeds", "0",
+            "--epochs", "1", "--retain_eval_size", "10", "--lora_r", "4", "--output_dir", str(out)]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "compare.json").read_text())
     assert result["lora_r"] == 4 and set(result["methods"]) == {"masc", "ga"}

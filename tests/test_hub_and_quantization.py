@@ -93,11 +93,11 @@ def test_model_card_records_the_unlearning(tmp_path):
 
 
 def test_card_lists_each_objectives_own_hyperparameters(tmp_path):
-    trainer = trainer_for(tmp_path, method="npo_klr", gradient_surgery="sum", npo_beta=0.25)
+    trainer = trainer_for(tmp_path, method="npo_klr", gradient_surgery="sum", forget_loss_kwargs={"beta": 0.25})
     trainer.train()
     trainer.save_model()
     card = (tmp_path / "out" / "README.md").read_text()
-    assert "`npo_beta` | 0.25" in card and "Negative Preference Optimization" in card
+    assert "| `forget_loss_kwargs` | {'beta': 0.25} |" in card and "Negative Preference Optimization" in card
     assert "masc_k" not in card and "stop_alpha" not in card  # neither MASC's nor the (off) stopping rule's
     assert "a forget set of 8 examples while keeping a retain set of 16 examples" in card
     assert "a causal language model" in card  # nothing known about the base: no link, no placeholder

@@ -10,7 +10,13 @@ from conftest import forget_set, make_example, make_tiny_model, retain_set
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.benchmarks import build_tokenizer, tiny_model
-from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs
+from hf_unlearn.objectives import (
+    FORGET_OBJECTIVES,
+    RETAIN_OBJECTIVES,
+    LossInputs,
+    objective_hyperparameters,
+    resolve_hyperparameters,
+)
 from hf_unlearn.objectives.classic import rmu_direction
 from hf_unlearn.objectives.masc import rival_kl
 
@@ -19,11 +25,6 @@ LOGITS = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.0, 1.5, -0.5], [0.0, 0.0,
 REFERENCE = torch.tensor([[[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 2.0, 0.0], [0.0, 0.0, 0.0, 0.0]]])
 LABELS = torch.tensor([[-100, 1, 2]])
 CONFIG = types.SimpleNamespace(
-    npo_beta=0.1,
-    simnpo_beta=4.5,
-    simnpo_delta=0.0,
-    dpo_beta=0.1,
-    undial_beta=10.0,
     masc_k=2,
     masc_beta=1.0,
     masc_tau=0.0,
@@ -33,8 +34,6 @@ CONFIG = types.SimpleNamespace(
     competitor_source="self",
     competitor_delta=None,
     masc_rival_kl=0.0,
-    rmu_layer=0,
-    rmu_steering_coefficient=2.0,
     seed=0,
 )
 
@@ -52,8 +51,16 @@ LOGP = token_log_probs(LOGITS)
 LOGP_REF = token_log_probs(REFERENCE)
 
 
-def run(registry, name, **extra):
-    inputs = LossInputs(logits=LOGITS, labels=LABELS, config=CONFIG, reference_logits=REFERENCE, **extra)
+def declared(registry, name, **given):
+    """The hyperparameters the objective gets under the trainer: its declared defaults updated with ``given``."""
+    return resolve_hyperparameters(registry[name], given, "kwargs")
+
+
+def run(registry, name, hyperparameters=None, **extra):
+    values = hyperparameters if hyperparameters is not None else declared(registry, name)
+    inputs = LossInputs(
+        logits=LOGITS, labels=LABELS, config=CONFIG, reference_logits=REFERENCE, hyperparameters=values, **extra
+    )
     return registry[name].fn(inputs).item()
 
 
@@ -243,12 +250,14 @@ def test_rmu_terms():
     # Forget term: the mean over unpadded tokens of mean_d (h_d - c u_d)^2, with the steering coefficient c = 2.
     rows = [[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]]
     expected = sum(sum((h - 2.0 * ud) ** 2 for h, ud in zip(row, u)) / 4 for row in rows) / 2
-    value = run(FORGET_OBJECTIVES, "rmu", hidden_states=hidden, attention_mask=mask)
+    forget_values = declared(FORGET_OBJECTIVES, "rmu", layer=0, steering_coefficient=2.0)
+    value = run(FORGET_OBJECTIVES, "rmu", forget_values, hidden_states=hidden, attention_mask=mask)
     assert value == pytest.approx(expected, rel=1e-6)
     reference = (hidden[0], torch.zeros(1, 3, 4))
     retain = run(
-        RETAIN_OBJECTIVES, "rmu_retain", hidden_states=hidden, reference_hidden_states=reference, attention_mask=mask
-    )
+        RETAIN_OBJECTIVES, "rmu_retain", declared(RETAIN_OBJECTIVES, "rmu_retain", layer=0), hidden_states=hidden,
+        reference_hidden_states=reference, attention_mask=mask,
+    )  # fmt: skip
     assert retain == pytest.approx((0.25 + 1.0) / 2, rel=1e-6)
 
 
@@ -263,7 +272,10 @@ def test_npo_gradient_points_like_ga_at_the_start():
 
     def gradient(name):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        inputs = LossInputs(logits=logits, labels=batch["labels"], config=CONFIG, reference_logits=logits.detach())
+        inputs = LossInputs(
+            logits=logits, labels=batch["labels"], config=CONFIG, reference_logits=logits.detach(),
+            hyperparameters=declared(FORGET_OBJECTIVES, name),
+        )  # fmt: skip
         grads = torch.autograd.grad(FORGET_OBJECTIVES[name].fn(inputs), params)
         return torch.cat([g.reshape(-1) for g in grads])
 
@@ -356,10 +368,16 @@ def test_idk_dpo_comes_to_prefer_the_refusal(tmp_path):
 
 
 def test_rmu_changes_only_the_configured_mlp_weights(tmp_path):
-    model = make_tiny_model("llama")  # 2 layers: rmu_layer defaults to 0, trainable layers [0]
+    model = make_tiny_model("llama")  # 2 layers: the layer defaults to 0, trainable layers [0]
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = UnlearnTrainer(model, args(tmp_path, method="rmu"), FORGET, RETAIN)
-    assert trainer.args.rmu_layer == 0 and trainer.args.rmu_trainable_layers == [0]
+    config = args(tmp_path, method="rmu")
+    trainer = UnlearnTrainer(model, config, FORGET, RETAIN)
+    # The layers chosen for the model are the values both terms read, and the record's; the caller's config is kept.
+    assert trainer.objective_kwargs == {
+        "forget": {"layer": 0, "trainable_layers": [0], "steering_coefficient": 6.5},
+        "retain": {"layer": 0},
+    }
+    assert trainer.record.hyperparameters["forget_loss_kwargs"]["layer"] == 0 and config.forget_loss_kwargs is None
     trainer.train()
     changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
     assert changed == {n for n in before if n.startswith("model.layers.0.mlp.")}
@@ -368,13 +386,15 @@ def test_rmu_changes_only_the_configured_mlp_weights(tmp_path):
 def test_rmu_on_gpt2_names_and_bad_layer(tmp_path):
     model = make_tiny_model("gpt2")
     trainer = UnlearnTrainer(
-        model, args(tmp_path, method="rmu", rmu_trainable_layers=[1], rmu_layer=0), FORGET, RETAIN
+        model, args(tmp_path, method="rmu", forget_loss_kwargs={"trainable_layers": [1], "layer": 0}), FORGET, RETAIN
     )
     assert {n for n, p in trainer.model.named_parameters() if p.requires_grad} == {
         n for n, _ in model.named_parameters() if n.startswith("transformer.h.1.mlp.")
     }
-    with pytest.raises(ValueError, match="rmu_layer=5 but the model has 2 layers"):
-        UnlearnTrainer(make_tiny_model("gpt2"), args(tmp_path, method="rmu", rmu_layer=5), FORGET, RETAIN)
+    with pytest.raises(ValueError, match="RMU layer=5 but the model has 2 layers"):
+        # given to the retain term, the layer is the forget term's too (RMU's terms share it)
+        bad = args(tmp_path, method="rmu", retain_loss_kwargs={"layer": 5})
+        UnlearnTrainer(make_tiny_model("gpt2"), bad, FORGET, RETAIN)
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gpt2"])
@@ -391,10 +411,10 @@ def test_rmu_refuses_the_last_layer_whose_hidden_state_is_after_the_final_norm(t
     hidden = model(input_ids=inputs, output_hidden_states=True).hidden_states
     for hook in hooks:
         hook.remove()
-    torch.testing.assert_close(hidden[1], captured[0])  # layer 0's output: what RMU steers for rmu_layer=0
+    torch.testing.assert_close(hidden[1], captured[0])  # layer 0's output: what RMU steers for layer=0
     assert not torch.allclose(hidden[2], captured[1])  # the last entry is after the final norm
-    with pytest.raises(ValueError, match="rmu_layer=1 is the last decoder layer.*between 0 and 0"):
-        UnlearnTrainer(model, args(tmp_path, method="rmu", rmu_layer=1), FORGET, RETAIN)
+    with pytest.raises(ValueError, match="RMU layer=1 is the last decoder layer.*between 0 and 0"):
+        UnlearnTrainer(model, args(tmp_path, method="rmu", forget_loss_kwargs={"layer": 1}), FORGET, RETAIN)
 
 
 def test_a_registered_objective_runs_with_its_own_needs_and_lands_in_the_record(tmp_path, memorized_llama):
@@ -409,12 +429,12 @@ def test_a_registered_objective_runs_with_its_own_needs_and_lands_in_the_record(
         "test_log_ratio",
         needs_reference=True,
         paper=Paper("A test objective", "https://example.org/paper"),
-        hyperparameters=("npo_beta",),
+        hyperparameters={"beta": 0.1},
         normalized_by="sequences",
         prepare=lambda model, config: prepared.append(type(model).__name__),
     )
     def log_ratio(inputs):
-        seen.append((inputs.reference_logits is not None, int(inputs.num_items)))
+        seen.append((inputs.reference_logits is not None, int(inputs.num_items), inputs.hyperparameters["beta"]))
         ratio = sequence_log_prob(inputs.logits, inputs.labels) - sequence_log_prob(
             inputs.reference_logits, inputs.labels
         )
@@ -423,17 +443,19 @@ def test_a_registered_objective_runs_with_its_own_needs_and_lands_in_the_record(
     try:
         trainer = UnlearnTrainer(
             memorized_llama,
-            args(tmp_path, forget_loss="test_log_ratio", retain_loss="none", max_steps=2, npo_beta=0.3,
-                 per_device_train_batch_size=4),
+            args(tmp_path, forget_loss="test_log_ratio", retain_loss="none", max_steps=2,
+                 forget_loss_kwargs={"beta": 0.3}, per_device_train_batch_size=4),
             FORGET,
         )  # fmt: skip
         trainer.train()
     finally:
         del FORGET_OBJECTIVES["test_log_ratio"]
     assert prepared == ["LlamaForCausalLM"]
-    assert seen == [(True, 4), (True, 4)]  # reference logits and the window's sequence count, every step
+    assert seen == [(True, 4, 0.3), (True, 4, 0.3)]  # reference logits, the window's sequence count, every step
     record = trainer.record
-    assert record.forget_objective == "test_log_ratio" and record.hyperparameters["npo_beta"] == 0.3
+    assert record.forget_objective == "test_log_ratio" and record.hyperparameters["forget_loss_kwargs"] == {
+        "beta": 0.3
+    }
     assert {"title": "A test objective", "url": "https://example.org/paper", "authors": ""} in record.papers
     with pytest.raises(TypeError, match="Unknown objective option"):
         register_forget_objective("bad", normalised_by="sequences")
@@ -444,29 +466,38 @@ def test_a_registered_objective_runs_with_its_own_needs_and_lands_in_the_record(
 # --- the 2025 methods (issue 17) ------------------------------------------------------------------------------
 
 
-def new_config(**overrides):
-    values = dict(
-        vars(CONFIG),
-        wga_beta=2.0,
-        satimp_beta1=3.0,
-        satimp_beta2=2.0,
-        ceu_ignore_first_n_answer_tokens=0,
-        altpo_beta=0.5,
-        pdu_epsilon=None,
-        pdu_epsilon_slack=0.1,
-        pdu_dual_init=3.0,
-        pdu_dual_step=2.0,
-        pdu_dual_warmup_steps=0,
+#: The values these tests give the 2025 methods' declared hyperparameters (not the defaults, so that each one shows).
+NEW_VALUES = {
+    "wga": {"beta": 2.0},
+    "satimp": {"beta1": 3.0, "beta2": 2.0},
+    "ce_u": {"ignore_first_n_answer_tokens": 0},
+    "altpo": {"beta": 0.5},
+    "pdu_dual": {"dual_init": 3.0, "dual_step": 2.0},
+}
+
+
+def new_config(**pdu_values):
+    """A PDU run's configuration, as its state hooks read it: ``retain_loss_kwargs`` NEW_VALUES' updated with
+    ``pdu_values``."""
+    kwargs = {**NEW_VALUES["pdu_dual"], **pdu_values}
+    return types.SimpleNamespace(
+        **vars(CONFIG), objectives=("pdu", "pdu_dual"), forget_loss_kwargs=None, retain_loss_kwargs=kwargs
     )
-    values.update(overrides)
-    return types.SimpleNamespace(**values)
 
 
-def loss_and_grad(name, registry=FORGET_OBJECTIVES, config=None, **extra):
+def new_inputs(name, registry, config, hyperparameters, **extra):
+    """The objective's inputs with its NEW_VALUES (PDU's retain term: its configuration's), or ``hyperparameters``."""
+    config = config or new_config()
+    if hyperparameters is None:
+        hyperparameters = declared(registry, name, **NEW_VALUES.get(name, {}))
+        if name == "pdu_dual":
+            hyperparameters = objective_hyperparameters(config, "retain")
+    return dict(config=config, reference_logits=REFERENCE, hyperparameters=hyperparameters, **extra)
+
+
+def loss_and_grad(name, registry=FORGET_OBJECTIVES, config=None, hyperparameters=None, **extra):
     logits = LOGITS.clone().requires_grad_(True)
-    inputs = LossInputs(
-        logits=logits, labels=LABELS, config=config or new_config(), reference_logits=REFERENCE, **extra
-    )
+    inputs = LossInputs(logits=logits, labels=LABELS, **new_inputs(name, registry, config, hyperparameters, **extra))
     loss = registry[name].fn(inputs)
     loss.backward()
     return loss.item(), logits.grad
@@ -496,10 +527,8 @@ def test_satimp_weights_by_saturation_and_importance():
     assert UnlearnConfig(output_dir="x", method="satimp", report_to="none", retain_weight=2.0).retain_weight == 2.0
 
 
-def run_new(name, registry=FORGET_OBJECTIVES, config=None, **extra):
-    inputs = LossInputs(
-        logits=LOGITS, labels=LABELS, config=config or new_config(), reference_logits=REFERENCE, **extra
-    )
+def run_new(name, registry=FORGET_OBJECTIVES, config=None, hyperparameters=None, **extra):
+    inputs = LossInputs(logits=LOGITS, labels=LABELS, **new_inputs(name, registry, config, hyperparameters, **extra))
     return registry[name].fn(inputs).item()
 
 
@@ -518,8 +547,8 @@ def test_ce_u_is_cross_entropy_to_the_distribution_without_the_true_token():
     for position, q in ((0, q0), (1, q1)):
         p = softmax(LOGITS[0][position].tolist())
         assert grad[0][position].tolist() == pytest.approx([(pi - qi) / 2 for pi, qi in zip(p, q)], rel=1e-5)
-    # The first answer token is skipped with ceu_ignore_first_n_answer_tokens=1 (the default).
-    assert run_new("ce_u", config=new_config(ceu_ignore_first_n_answer_tokens=1)) == pytest.approx(second, rel=1e-6)
+    # The first answer token is skipped with ignore_first_n_answer_tokens=1 (the default).
+    assert run_new("ce_u", hyperparameters=declared(FORGET_OBJECTIVES, "ce_u")) == pytest.approx(second, rel=1e-6)
     assert UnlearnConfig(output_dir="x", method="ce_u", report_to="none").objectives == ("ce_u", "none")
 
 
@@ -564,9 +593,9 @@ def test_pdu_dual_variable_scales_the_retain_term_and_ascends_on_the_constraint(
     run_new("pdu_dual", RETAIN_OBJECTIVES, config, state=state)
     objective.update_state(state, config, 3, float)
     assert state["dual"] == 0.0
-    warm = objective.initial_state(new_config(pdu_dual_warmup_steps=5))
-    run_new("pdu_dual", RETAIN_OBJECTIVES, new_config(pdu_dual_warmup_steps=5), state=warm)
-    objective.update_state(warm, new_config(pdu_dual_warmup_steps=5), 5, float)
+    warm = objective.initial_state(new_config(dual_warmup_steps=5))
+    run_new("pdu_dual", RETAIN_OBJECTIVES, new_config(dual_warmup_steps=5), state=warm)
+    objective.update_state(warm, new_config(dual_warmup_steps=5), 5, float)
     assert warm["dual"] == 3.0 and warm["epsilon"] is not None
 
 
@@ -580,7 +609,9 @@ def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state, fo
         model.load_state_dict(memorized_llama_state)
         settings = dict(method="pdu", max_steps=6, save_strategy="steps", save_steps=3, learning_rate=1e-2)
         # A bound below the start's retain loss: the constraint is violated, so lambda climbs every step.
-        return UnlearnTrainer(model, args(output_dir, **settings, pdu_epsilon=0.0, pdu_dual_step=0.5), forget, retain)
+        return UnlearnTrainer(
+            model, args(output_dir, **settings, retain_loss_kwargs={"epsilon": 0.0, "dual_step": 0.5}), forget, retain
+        )
 
     uninterrupted = trainer(tmp_path / "a")
     uninterrupted.train()
@@ -595,7 +626,7 @@ def test_pdu_dual_variable_survives_a_resume(tmp_path, memorized_llama_state, fo
     assert resumed.objective_state_callback.states["pdu_dual"]["dual"] == pytest.approx(dual["dual"], rel=1e-5)
     for a, b in zip(uninterrupted.model.parameters(), resumed.model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert "pdu_dual_step" in resumed.record.hyperparameters
+    assert resumed.record.hyperparameters["retain_loss_kwargs"]["dual_step"] == 0.5
     assert resumed.record.objective_state["pdu_dual"]["dual"] == pytest.approx(dual["dual"], rel=1e-5)
 
 
@@ -703,7 +734,7 @@ def test_pdu_dual_update_sees_the_whole_accumulated_batch(
             max_steps=1,
             per_device_train_batch_size=batch_size,
             gradient_accumulation_steps=accumulation,
-            pdu_epsilon=0.0,
+            retain_loss_kwargs={"epsilon": 0.0},
         )
         trainer = UnlearnTrainer(model, args(tmp_path / f"{batch_size}", **settings), forget, retain)
         trainer.train()

@@ -39,7 +39,7 @@ RUNS = {
     "npo": dict(method="npo"),
     "npo_klr": dict(method="npo_klr"),
     "simnpo": dict(method="simnpo"),
-    "rmu": dict(method="rmu", rmu_layer=0),
+    "rmu": dict(method="rmu", forget_loss_kwargs={"layer": 0}),
     "idk_dpo": dict(method="idk_dpo"),
     "undial": dict(method="undial"),
     # NLL, not MASC's default KL, as the retain term: at the first step the model is its own reference, the KL

@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
 from hf_unlearn.data.pairing import pad_examples
 from hf_unlearn.objectives import FORGET_OBJECTIVES, RETAIN_OBJECTIVES, LossInputs
+from hf_unlearn.objectives.registry import resolve_hyperparameters, resolve_objectives
 from hf_unlearn.surgery.combine import STRATEGIES, combine_gradients
 
 FORGET = [make_varied_example(i) for i in range(8)]
@@ -93,8 +94,20 @@ def autograd_gradient(model, objective, examples, args, reference_model=None):
         attention_mask=batch["attention_mask"],
         hidden_states=outputs.hidden_states if needs_hidden else None,
         reference_hidden_states=reference.hidden_states if needs_hidden and reference is not None else None,
+        hyperparameters=_hyperparameters(objective, args),
     )
     return list(torch.autograd.grad(objective.fn(inputs), params, allow_unused=True))
+
+
+def _hyperparameters(objective, args):
+    """The values the trainer gives ``objective`` under ``args``: its part's kwargs when it is one of the run's
+    objectives, else its declared defaults."""
+    forget, retain, values = resolve_objectives(args)
+    if objective is forget:
+        return values["forget"]
+    if objective is retain:
+        return values["retain"]
+    return resolve_hyperparameters(objective, None, "hyperparameters")
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -124,7 +137,7 @@ def test_variable_length_micro_batches_accumulate_to_the_big_batch(tmp_path, mem
     with num_items_in_batch. A per-micro-batch mean would weight short answers up."""
     common = dict(method=method, gradient_surgery=surgery, forget_weight=0.5, retain_weight=1.5)
     if method == "rmu":
-        common.update(rmu_layer=0, rmu_steering_coefficient=4.0)
+        common.update(forget_loss_kwargs={"layer": 0, "steering_coefficient": 4.0})
     _, single = run_one_step(fresh(memorized_state), config(tmp_path / "one", **common))
     _, accumulated = run_one_step(
         fresh(memorized_state),

@@ -415,7 +415,11 @@ class CompareArguments:
         },
     )
     masc_learning_rates: list[float] | None = field(
-        default=None, metadata={"help": "MASC's learning rates (default: the same grid as the baselines)."}
+        default=None,
+        metadata={
+            "help": "MASC's learning rates (default: UnlearnConfig's learning_rate alone, 1e-4: MASC stops itself, "
+            "so it gets no grid)."
+        },
     )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds of every (method, lr)."})
     epochs: int | None = field(

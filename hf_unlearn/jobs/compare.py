@@ -5,19 +5,20 @@ good forget/retain trade-off, and does it know when it got there?
 
 * The region is defined against a model that never trained on the forget set (the retain-only model, learned the
   same way without the forget authors): the forget answers are reproduced no more than that model reproduces them
-  (forget ROUGE-L recall <= its + ``forget_rouge_tolerance``), they are as recognisable to a membership attack as
-  that model finds them (Min-K% AUC of the forget answers against never-learned holdout authors' answers, given the
-  questions, within ``membership_tolerance`` of the never-trained model's: MUSE's PrivLeak near 0), and retain
-  ROUGE-L recall >= ``retain_ratio`` x the target model's. TOFU's forget quality is reported, not used: with 20
+  (forget ROUGE-L recall <= its + ``forget_rouge_tolerance``), they are as recognisable to every membership attack
+  as that model finds them (each attack's AUC of the forget answers against never-learned holdout authors' answers,
+  given the questions, within ``membership_tolerance`` of the never-trained model's: MUSE's PrivLeak near 0), and
+  the kept side holds (:mod:`hf_unlearn.jobs.compare_region`). TOFU's forget quality is reported, not used: with 20
   forget questions its KS test already fails to tell the target model from the never-trained one on some machines
   (p = 0.081 on the AMD EPYC of the README).
 * Baselines run the way a practitioner runs them: a fixed budget of ``epochs`` at each learning rate of a grid,
   with the metrics measured after every epoch. A run lands in the region at the end of its budget, or at some
   epoch (what checkpoint selection would find). Time to the region is training plus evaluation up to the first
   epoch inside it.
-* MASC runs at every learning rate too, each run stopping itself (with the benchmark's calibration authors unless
-  ``calibrate`` is off); it lands when the state it stopped at is in the region, and its time is its wall clock
-  until the stop, probes included (it needs no evaluation to decide).
+* MASC runs once per seed at ``UnlearnConfig``'s learning rate (``masc_learning_rates`` for a grid): it promises
+  one run with no grid and no checkpoint selection. Each run stops itself (with the benchmark's calibration authors
+  unless ``calibrate`` is off); it lands when the state it stopped at is in the region, and its time is its wall
+  clock until the stop, probes included (it needs no evaluation to decide).
 * Every (learning rate, seed) pair is run. Per method: how many runs land, the learning rate where most seeds land
   (ties: the faster), the mean time to the region there, and the grid cost (one seed's whole grid, averaged).
 """
@@ -69,7 +70,7 @@ class _EpochEvaluator(TrainerCallback):
 
 
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["retain_weight=3", "calibration_reference=current"]`` -> UnlearnConfig keyword arguments, each value
+    """``["retain_weight=3", "masc_threshold=rho"]`` -> UnlearnConfig keyword arguments, each value
     typed by its field (``none`` for an optional field's None); a key that is not a field is an error naming it."""
     import dataclasses
     import typing
@@ -416,11 +417,16 @@ class Race:
         }
 
 
+def default_learning_rate() -> float:
+    """``UnlearnConfig``'s learning rate, MASC's one rate in a comparison unless ``--masc_learning_rates`` is given."""
+    return UnlearnConfig.__dataclass_fields__["learning_rate"].default
+
+
 def race(cli: Any, setting: CompareSetting, lm_eval: Any = None) -> dict:
     """Every method at every learning rate and seed from the same target (module docstring); ``lm_eval`` a scorer
     from :func:`lm_eval_scorer`, or ``None``."""
     state = Race(cli, setting, lm_eval)
-    masc_rates = (cli.masc_learning_rates or cli.learning_rates) if cli.masc else []
+    masc_rates = (cli.masc_learning_rates or [default_learning_rate()]) if cli.masc else []
     baselines = [m for m in cli.methods if m != "none"]
     total = len(cli.seeds) * (len(masc_rates) + len(baselines) * len(cli.learning_rates))
     state.progress = tqdm(total=total, desc="hf-unlearn compare", unit="run")

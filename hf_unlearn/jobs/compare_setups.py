@@ -115,12 +115,15 @@ def embedded_setting(cli: Any) -> CompareSetting:
     """The embedded benchmark: the fictitious authors learned by a tiny model (or ``cli.base_model``)."""
     from ..benchmarks import learn_target_model, load_split, retain_split_for
 
+    # LoRA learns a base model's target; the tiny model learns whole (lora_r then adapts only the unlearning runs),
+    # at the tiny model's rate, so it is the same target (and cache entry) as without --lora_r.
     lora_r = cli.lora_r or 0
-    learn_lr = cli.learn_learning_rate or (1e-3 if lora_r else 3e-3)
+    learn_lora_r = lora_r if cli.base_model else 0
+    learn_lr = cli.learn_learning_rate or (1e-3 if learn_lora_r else 3e-3)
     learn = dict(
         show_progress=False,
         base_model=cli.base_model,
-        lora_r=lora_r if cli.base_model else 0,
+        lora_r=learn_lora_r,
         num_authors=cli.num_authors,
         learning_rate=learn_lr,
         max_epochs=cli.learn_max_epochs,

@@ -20,8 +20,10 @@ from .registry import (
     LossInputs,
     Paper,
     answer_nll,
+    check_bounds,
     log_ratio,
     mean_over_items,
+    objective_hyperparameters,
     preference_margin,
     register_forget_objective,
     register_retain_objective,
@@ -49,16 +51,17 @@ def gradient_ascent_loss(inputs: LossInputs) -> torch.Tensor:
     "npo",
     paper=Paper("Negative Preference Optimization", "https://arxiv.org/abs/2404.05868", "Zhang, Lin, Bai, Mei"),
     needs_reference=True,
-    hyperparameters=("npo_beta",),
+    hyperparameters={"beta": 0.1},
+    check=check_bounds(positive=("beta",)),
     normalized_by="sequences",
     methods={"npo": "none", "npo_klr": "kl"},
 )
 def npo_loss(inputs: LossInputs) -> torch.Tensor:
     """``-(2/beta) mean log sigmoid(-beta (log pi(y|x) - log pi_ref(y|x)))`` with sequence-summed log ratios.
 
-    NPO (arXiv 2404.05868, eq. 3), beta = ``config.npo_beta`` (0.1).
+    NPO (arXiv 2404.05868, eq. 3), ``beta`` 0.1 (``forget_loss_kwargs``).
     """
-    beta = inputs.config.npo_beta
+    beta = inputs.hyperparameters["beta"]
     require_answer_tokens(inputs.labels != IGNORE_INDEX, inputs)
     losses = -(2.0 / beta) * F.logsigmoid(-beta * log_ratio(inputs))
     return mean_over_items(losses.sum(), losses.numel(), inputs)
@@ -71,7 +74,8 @@ def npo_loss(inputs: LossInputs) -> torch.Tensor:
         "https://arxiv.org/abs/2410.07163",
         "Fan et al.",
     ),
-    hyperparameters=("simnpo_beta", "simnpo_delta"),
+    hyperparameters={"beta": 4.5, "delta": 0.0},
+    check=check_bounds(positive=("beta",)),
     normalized_by="sequences",
     methods={"simnpo": "nll"},
     forget_weight=0.125,  # SimNPO's gamma (arXiv 2410.07163)
@@ -79,14 +83,14 @@ def npo_loss(inputs: LossInputs) -> torch.Tensor:
 def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
     """``-(2/beta) mean log sigmoid(beta (NLL(y|x)/|y| - delta))``: length-normalised NPO without a reference.
 
-    SimNPO (arXiv 2410.07163, eq. 4), beta = ``config.simnpo_beta`` (4.5), delta = ``config.simnpo_delta`` (0).
+    SimNPO (arXiv 2410.07163, eq. 4), ``beta`` 4.5 and ``delta`` 0 (``forget_loss_kwargs``).
     """
-    config = inputs.config
+    beta, delta = inputs.hyperparameters["beta"], inputs.hyperparameters["delta"]
     log_probs, mask = token_log_probs(inputs.logits, inputs.labels)
     require_answer_tokens(mask, inputs)
     lengths = mask.sum(-1).clamp(min=1)
     mean_nll = -log_probs.sum(-1) / lengths
-    losses = -(2.0 / config.simnpo_beta) * F.logsigmoid(config.simnpo_beta * (mean_nll - config.simnpo_delta))
+    losses = -(2.0 / beta) * F.logsigmoid(beta * (mean_nll - delta))
     return mean_over_items(losses.sum(), losses.numel(), inputs)
 
 
@@ -96,7 +100,8 @@ def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
         "TOFU: A Task of Fictitious Unlearning for LLMs (IdkDPO)", "https://arxiv.org/abs/2401.06121", "Maini et al."
     ),
     needs_reference=True,
-    hyperparameters=("dpo_beta", "refusal_answers"),
+    hyperparameters={"beta": 0.1},
+    check=check_bounds(positive=("beta",)),
     normalized_by="sequences",
     needs_refusal=True,
     methods={"idk_dpo": "nll"},
@@ -104,11 +109,11 @@ def simnpo_loss(inputs: LossInputs) -> torch.Tensor:
 def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
     """DPO with the refusal as the chosen answer and the forget answer as the rejected one.
 
-    ``-mean log sigmoid(beta [(log pi(y_idk) - log pi_ref(y_idk)) - (log pi(y) - log pi_ref(y))])``, beta =
-    ``config.dpo_beta`` (0.1), sequence-summed log-probabilities. open-unlearning scales this loss by 2/beta; we
-    keep DPO's own scale.
+    ``-mean log sigmoid(beta [(log pi(y_idk) - log pi_ref(y_idk)) - (log pi(y) - log pi_ref(y))])``, ``beta`` 0.1
+    (``forget_loss_kwargs``), sequence-summed log-probabilities, the refusals from ``config.refusal_answers``.
+    open-unlearning scales this loss by 2/beta; we keep DPO's own scale.
     """
-    losses = -F.logsigmoid(inputs.config.dpo_beta * preference_margin(inputs))
+    losses = -F.logsigmoid(inputs.hyperparameters["beta"] * preference_margin(inputs))
     return mean_over_items(losses.sum(), losses.numel(), inputs)
 
 
@@ -120,11 +125,12 @@ def idk_dpo_loss(inputs: LossInputs) -> torch.Tensor:
         "Dong et al.",
     ),
     needs_reference=True,
-    hyperparameters=("undial_beta",),
+    hyperparameters={"beta": 10.0},
     methods={"undial": "nll"},
 )
 def undial_loss(inputs: LossInputs) -> torch.Tensor:
-    """Cross-entropy to ``softmax(z_ref - beta * onehot(y))`` on the answer tokens, beta = ``config.undial_beta``.
+    """Cross-entropy to ``softmax(z_ref - beta * onehot(y))`` on the answer tokens, ``beta`` 10
+    (``forget_loss_kwargs``).
 
     UNDIAL (arXiv 2402.10052, §3): the frozen model's distribution with the target token's logit lowered.
     open-unlearning averages over every position (prompt and padding too); we average over answer tokens.
@@ -137,7 +143,7 @@ def undial_loss(inputs: LossInputs) -> torch.Tensor:
     answer_labels = labels[mask].unsqueeze(-1)
     reference_answers = upcast_half(reference[mask])
     lowered = torch.full(
-        answer_labels.shape, -inputs.config.undial_beta, device=logits.device, dtype=reference_answers.dtype
+        answer_labels.shape, -inputs.hyperparameters["beta"], device=logits.device, dtype=reference_answers.dtype
     )
     adjusted = reference_answers.scatter_add(-1, answer_labels, lowered)
     target = F.softmax(adjusted, dim=-1)
@@ -156,49 +162,71 @@ def _masked_squared_error(hidden: torch.Tensor, target: torch.Tensor, inputs: Lo
     return mean_over_items((per_token * mask).sum(), mask.sum(), inputs)
 
 
-def _select_rmu_parameters(model: Any, config: Any) -> None:
-    """RMU trains only the MLP weights of a few layers (arXiv 2403.03218, §5); freeze everything else.
+def rmu_layers(model: Any, layer: int | None, trainable_layers: list[int] | None) -> tuple[int, list[int]]:
+    """RMU's steered layer and the layers whose MLP weights train, the defaults chosen for ``model`` (layer 7, or
+    the second-to-last of a smaller model; the steered layer and the two before it), refused by name when the model
+    cannot have them.
 
     ``output_hidden_states`` gives the output of decoder layer l as ``hidden_states[l + 1]`` for every layer but
     the last, whose entry is taken after the model's final norm (Llama, Qwen2, GPT-2 alike), so the last layer
     cannot be steered this way and is refused.
     """
-    if hasattr(model, "peft_config"):
-        raise ValueError("RMU chooses which MLP weights train itself; pass the base model without a PEFT wrapper.")
     num_layers = model.config.get_text_config().num_hidden_layers
     if num_layers < 2:
         raise ValueError(
             f"RMU steers the output of a decoder layer below the last one, and {type(model).__name__} has "
             f"{num_layers} layer: use a model with at least 2 layers or another method."
         )
-    if config.rmu_layer is None:
-        config.rmu_layer = min(7, num_layers - 2)
+    if layer is None:
+        layer = min(7, num_layers - 2)
         logger.warning(
-            f"RMU: rmu_layer was not set; steering decoder layer {config.rmu_layer} (of 0..{num_layers - 1})."
+            f"RMU: forget_loss_kwargs['layer'] was not set; steering decoder layer {layer} (of 0..{num_layers - 1})."
         )
-    if not 0 <= config.rmu_layer < num_layers:
-        raise ValueError(f"rmu_layer={config.rmu_layer} but the model has {num_layers} layers (0..{num_layers - 1}).")
-    if config.rmu_layer == num_layers - 1:
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"RMU layer={layer} but the model has {num_layers} layers (0..{num_layers - 1}).")
+    if layer == num_layers - 1:
         raise ValueError(
-            f"rmu_layer={config.rmu_layer} is the last decoder layer, whose hidden state the model only returns after "
-            f"its final norm, so RMU would steer the normalised output instead of the layer's. Choose a layer "
-            f"between 0 and {num_layers - 2}."
+            f"RMU layer={layer} is the last decoder layer, whose hidden state the model only returns after its final "
+            f"norm, so RMU would steer the normalised output instead of the layer's. Choose a layer between 0 and "
+            f"{num_layers - 2}."
         )
-    if config.rmu_trainable_layers is None:
-        config.rmu_trainable_layers = [i for i in range(config.rmu_layer - 2, config.rmu_layer + 1) if i >= 0]
-        logger.warning(
-            f"RMU: training the MLP weights of layers {config.rmu_trainable_layers} (rmu_trainable_layers)."
-        )
-    pattern = re.compile(r"\.(?:layers|h|blocks)\.(" + "|".join(map(str, config.rmu_trainable_layers)) + r")\.mlp\.")
+    if trainable_layers is None:
+        trainable_layers = [i for i in range(layer - 2, layer + 1) if i >= 0]
+        logger.warning(f"RMU: training the MLP weights of layers {trainable_layers} (trainable_layers).")
+    return layer, list(trainable_layers)
+
+
+def _select_rmu_parameters(model: Any, config: Any) -> None:
+    """RMU trains only the MLP weights of a few layers (arXiv 2403.03218, §5); freeze everything else. The layers
+    chosen for the model (:func:`rmu_layers`) are written into ``config.forget_loss_kwargs``, so the losses, the run
+    record and the model card read the values used."""
+    if hasattr(model, "peft_config"):
+        raise ValueError("RMU chooses which MLP weights train itself; pass the base model without a PEFT wrapper.")
+    values = objective_hyperparameters(config, "forget")
+    layer, trainable = rmu_layers(model, values["layer"], values["trainable_layers"])
+    # A new dict: the trainer's configuration is a copy of the caller's, which keeps its own kwargs.
+    config.forget_loss_kwargs = {**(config.forget_loss_kwargs or {}), "layer": layer, "trainable_layers": trainable}
+    pattern = re.compile(r"\.(?:layers|h|blocks)\.(" + "|".join(map(str, trainable)) + r")\.mlp\.")
     selected = 0
     for name, param in model.named_parameters():
         param.requires_grad_(bool(pattern.search(name)))
         selected += int(param.requires_grad)
     if selected == 0:
         raise ValueError(
-            f"RMU found no MLP weights of layers {config.rmu_trainable_layers} in {type(model).__name__} "
-            "(looked for '.layers.N.mlp.' / '.h.N.mlp.'); set rmu_trainable_layers."
+            f"RMU found no MLP weights of layers {trainable} in {type(model).__name__} "
+            "(looked for '.layers.N.mlp.' / '.h.N.mlp.'); set forget_loss_kwargs['trainable_layers']."
         )
+
+
+def _check_rmu(values: Any, option: str) -> None:
+    """RMU's layers are layer indices (None: chosen for the model)."""
+    layer, trainable = values.get("layer"), values.get("trainable_layers")
+    if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int)):
+        raise ValueError(f"{option}['layer'] must be a decoder layer index (an int) or None, got {layer!r}.")
+    if trainable is not None and (
+        not isinstance(trainable, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in trainable)
+    ):
+        raise ValueError(f"{option}['trainable_layers'] must be a list of layer indices or None, got {trainable!r}.")
 
 
 RMU_PAPER = Paper(
@@ -211,7 +239,9 @@ RMU_PAPER = Paper(
 @register_forget_objective(
     "rmu",
     paper=RMU_PAPER,
-    hyperparameters=("rmu_layer", "rmu_trainable_layers", "rmu_steering_coefficient"),
+    hyperparameters={"layer": None, "trainable_layers": None, "steering_coefficient": 6.5},
+    shared=("layer",),
+    check=_check_rmu,
     normalized_by="attended_tokens",
     needs_hidden_states=True,
     prepare=_select_rmu_parameters,
@@ -220,14 +250,14 @@ RMU_PAPER = Paper(
 def rmu_forget_loss(inputs: LossInputs) -> torch.Tensor:
     """``MSE(h_l(x_forget), c * u)``: steer layer l's activations on forget inputs to a fixed random direction.
 
-    RMU (arXiv 2403.03218, §5): u is a random unit vector fixed for the run (seeded), c =
-    ``config.rmu_steering_coefficient``; l = ``config.rmu_layer``. Averaged over every attended token (prompt
-    included), as the WMDP reference does; open-unlearning's TOFU variant uses answer tokens.
+    RMU (arXiv 2403.03218, §5): u is a random unit vector fixed for the run (seeded), c = ``steering_coefficient``
+    (6.5), l = ``layer`` (``forget_loss_kwargs``; None: chosen for the model when the trainer is built). Averaged over
+    every attended token (prompt included), as the WMDP reference does; open-unlearning's TOFU variant uses answer
+    tokens.
     """
-    config = inputs.config
-    hidden = _rmu_hidden(inputs.hidden_states, config.rmu_layer)
-    direction = rmu_direction(hidden.shape[-1], config.seed, hidden.device)
-    target = (config.rmu_steering_coefficient * direction).expand_as(hidden)
+    hidden = _rmu_hidden(inputs.hidden_states, inputs.hyperparameters["layer"])
+    direction = rmu_direction(hidden.shape[-1], inputs.config.seed, hidden.device)
+    target = (inputs.hyperparameters["steering_coefficient"] * direction).expand_as(hidden)
     return _masked_squared_error(hidden, target, inputs)
 
 
@@ -235,13 +265,16 @@ def rmu_forget_loss(inputs: LossInputs) -> torch.Tensor:
     "rmu_retain",
     paper=RMU_PAPER,
     needs_reference=True,
-    hyperparameters=("rmu_layer",),
+    hyperparameters={"layer": None},
+    shared=("layer",),
+    check=_check_rmu,
     normalized_by="attended_tokens",
     needs_hidden_states=True,
 )
 def rmu_retain_loss(inputs: LossInputs) -> torch.Tensor:
-    """RMU retain term: MSE to the frozen model's layer-l activations on retain inputs (arXiv 2403.03218, §5)."""
-    layer = inputs.config.rmu_layer
+    """RMU retain term: MSE to the frozen model's layer-l activations on retain inputs (arXiv 2403.03218, §5); the
+    ``layer`` is the forget term's (a shared hyperparameter)."""
+    layer = inputs.hyperparameters["layer"]
     hidden = _rmu_hidden(inputs.hidden_states, layer)
     target = _rmu_hidden(inputs.reference_hidden_states, layer)
     return _masked_squared_error(hidden, target, inputs)

@@ -84,22 +84,28 @@ class Objective:
     """A registered objective and what the trainer must supply for it.
 
     ``needs_reference(config)``: logits (and hidden states) of the frozen start model; ``needs_hidden_states``:
-    ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO);
-    ``hyperparameters``: the names of the config fields the objective reads (the built-in methods' flags, e.g.
-    ``npo_beta``); ``declared``: the hyperparameters it declared with their defaults (``hyperparameters={"scale":
-    1.0}`` at registration), set with ``forget_loss_kwargs`` / ``retain_loss_kwargs`` and read from
-    :attr:`LossInputs.hyperparameters`; ``methods``: the ``UnlearnConfig.method`` names this forget objective defines,
-    each with its retain objective (``"none"``: no retain term); ``forget_weight`` / ``retain_weight``: the weights a
-    run with this forget objective gets unless it sets them; ``stops_itself``: its methods stop on the violation rate
-    by default (``stop_on_violation``); ``normalized_by``: one of :data:`NORMALIZATIONS`;
-    ``prepare(model, config)``: called once before training, before any weight changes, to refuse a model the
-    objective cannot work with or to choose which parameters train; ``needs_calibration(config)``: the calibration
-    set's margins (:attr:`LossInputs.calibration_margins`); ``needs_alternate``: a second batch whose answers are
-    plausible alternatives from the forget records' ``config.alternate_column`` (AltPO), in the same field as the
-    refusal batch; ``initial_state(config)``: the objective keeps state across steps (PDU's dual variable), given to
-    it as :attr:`LossInputs.state`, updated after each optimizer step by ``update_state(state, config, step,
-    across_processes)`` and saved with checkpoints (JSON values; keys starting with ``_`` are not saved);
-    ``beyond_paper(config)``: the run's settings that depart from ``paper``, in words (the run record lists them).
+    ``output_hidden_states=True``; ``needs_refusal``: a second batch with refusal answers (IdkDPO); ``declared``: the
+    hyperparameters it declared with their defaults (``hyperparameters={"beta": 0.1}`` at registration, as every
+    built-in baseline does), set with ``forget_loss_kwargs`` / ``retain_loss_kwargs`` and read from
+    :attr:`LossInputs.hyperparameters` (code outside the loss reads them with :func:`objective_hyperparameters`);
+    ``hyperparameters``: the names of config fields the objective reads (``hyperparameters=("masc_k", ...)`` at
+    registration: MASC's, which are ``UnlearnConfig`` fields); ``shared``: declared hyperparameters that are one value
+    for the run's forget and retain objectives when both declare them (RMU's ``layer``): given in either part's kwargs,
+    it holds for both; ``check(values, option)``: refuses a bad value of the declared hyperparameters by name
+    (``option``: ``'forget_loss_kwargs'`` or ``'retain_loss_kwargs'``), wherever they are resolved; ``methods``: the
+    ``UnlearnConfig.method`` names this forget objective defines, each with its retain objective (``"none"``: no retain
+    term); ``forget_weight`` / ``retain_weight``: the weights a run with this forget objective gets unless it sets
+    them; ``stops_itself``: its methods stop on the violation rate by default (``stop_on_violation``);
+    ``normalized_by``: one of :data:`NORMALIZATIONS`; ``prepare(model, config)``: called once before training, before
+    any weight changes, to refuse a model the objective cannot work with or to choose which parameters train (it may
+    write the declared values it chose for the model into the config's kwargs, as RMU does with its layers);
+    ``needs_calibration(config)``: the calibration set's margins (:attr:`LossInputs.calibration_margins`);
+    ``needs_alternate``: a second batch whose answers are plausible alternatives from the forget records'
+    ``config.alternate_column`` (AltPO), in the same field as the refusal batch; ``initial_state(config)``: the
+    objective keeps state across steps (PDU's dual variable), given to it as :attr:`LossInputs.state`, updated after
+    each optimizer step by ``update_state(state, config, step, across_processes)`` and saved with checkpoints (JSON
+    values; keys starting with ``_`` are not saved); ``beyond_paper(config)``: the run's settings that depart from
+    ``paper``, in words (the run record lists them).
     """
 
     name: str
@@ -121,6 +127,8 @@ class Objective:
     retain_weight: float = 1.0
     stops_itself: bool = False
     beyond_paper: Callable[[Any], tuple[str, ...]] = lambda _config: ()
+    shared: tuple[str, ...] = ()
+    check: Callable[[Mapping[str, Any], str], None] | None = None
 
 
 FORGET_OBJECTIVES: dict[str, Objective] = {}
@@ -162,9 +170,9 @@ def register_forget_objective(name: str, needs_reference: bool | Callable[[Any],
     """Register a forget objective under ``name`` (usable as ``UnlearnConfig(forget_loss=name)``).
 
     ``needs_reference``: a bool, or a function of the config. ``options`` are :class:`Objective`'s fields:
-    ``paper``, ``hyperparameters`` (a dict of names and defaults, or a tuple of config field names), ``methods``,
-    ``forget_weight``, ``retain_weight``, ``stops_itself``, ``normalized_by``, ``needs_hidden_states``,
-    ``needs_refusal``, ``prepare``, ...
+    ``paper``, ``hyperparameters`` (a dict of names and defaults, or a tuple of config field names), ``check``,
+    ``shared``, ``methods``, ``forget_weight``, ``retain_weight``, ``stops_itself``, ``normalized_by``,
+    ``needs_hidden_states``, ``needs_refusal``, ``prepare``, ...
     """
     return _register(FORGET_OBJECTIVES, name, needs_reference, **options)
 
@@ -185,8 +193,8 @@ def get_objective(registry: dict[str, Objective], name: str, kind: str) -> Objec
 
 def resolve_hyperparameters(objective: Objective | None, given: Mapping[str, Any] | None, option: str) -> dict:
     """The values of the hyperparameters ``objective`` declared: its defaults updated with ``given`` (the user's
-    ``forget_loss_kwargs`` / ``retain_loss_kwargs``). A key it did not declare, or a value of another type than the
-    default's (an int for a float is taken), is refused by name."""
+    ``forget_loss_kwargs`` / ``retain_loss_kwargs``). A key it did not declare, a value of another type than the
+    default's (an int for a float is taken), or a value its ``check`` refuses, is refused by name."""
     given = dict(given or {})
     declared = dict(objective.declared) if objective is not None else {}
     unknown = sorted(set(given) - set(declared))
@@ -203,20 +211,68 @@ def resolve_hyperparameters(objective: Objective | None, given: Mapping[str, Any
                 f"{option}[{key!r}] must be a {type(default).__name__} like its default {default!r}, got {value!r}."
             )
         declared[key] = float(value) if numeric else value
+    if objective is not None and objective.check is not None:
+        objective.check(declared, option)
     return declared
+
+
+def share_hyperparameters(
+    forget: Objective | None, retain: Objective | None, given: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, dict[str, Any]]:
+    """``given`` (``{"forget": forget_loss_kwargs, "retain": retain_loss_kwargs}``) with each hyperparameter that
+    both objectives declare and either names ``shared`` given to both, as the one value of the run. Given to both
+    with different values, it is refused."""
+    given = {part: dict(values or {}) for part, values in given.items()}
+    if forget is None or retain is None:
+        return given
+    for key in sorted((set(forget.shared) | set(retain.shared)) & set(forget.declared) & set(retain.declared)):
+        values = {part: values[key] for part, values in given.items() if key in values}
+        if len(values) == 2 and values["forget"] != values["retain"]:
+            raise ValueError(
+                f"forget_loss_kwargs[{key!r}]={values['forget']!r} and retain_loss_kwargs[{key!r}]="
+                f"{values['retain']!r} differ, but {forget.name!r} and {retain.name!r} share {key!r}: give it once."
+            )
+        for part in given:
+            if values:
+                given[part].setdefault(key, next(iter(values.values())))
+    return given
 
 
 def resolve_objectives(config: Any) -> tuple[Objective, Objective | None, dict[str, dict[str, Any]]]:
     """The forget and retain objectives ``config.objectives`` names (retain ``None`` for 'none') and, per part, the
-    values of their declared hyperparameters (checked by name, before any weight changes)."""
+    values of their declared hyperparameters (checked by name, before any weight changes; a ``shared`` one given in
+    one part holds for both)."""
     forget_name, retain_name = config.objectives
     forget = get_objective(FORGET_OBJECTIVES, forget_name, "forget")
     retain = None if retain_name == "none" else get_objective(RETAIN_OBJECTIVES, retain_name, "retain")
+    given = share_hyperparameters(
+        forget, retain, {part: getattr(config, f"{part}_loss_kwargs") for part in ("forget", "retain")}
+    )
     kwargs = {
-        part: resolve_hyperparameters(objective, getattr(config, f"{part}_loss_kwargs"), f"{part}_loss_kwargs")
+        part: resolve_hyperparameters(objective, given[part], f"{part}_loss_kwargs")
         for part, objective in (("forget", forget), ("retain", retain))
     }
     return forget, retain, kwargs
+
+
+def objective_hyperparameters(config: Any, part: str) -> dict[str, Any]:
+    """The values the ``part`` (``'forget'`` or ``'retain'``) objective of ``config``'s run gets for its declared
+    hyperparameters: what :attr:`LossInputs.hyperparameters` holds, for code outside the loss (a ``prepare`` hook,
+    ``initial_state`` / ``update_state``, the run record)."""
+    return resolve_objectives(config)[2][part]
+
+
+def check_bounds(positive: tuple[str, ...] = (), nonnegative: tuple[str, ...] = ()) -> Callable[[Mapping, str], None]:
+    """A ``check`` for :func:`register_forget_objective`: the ``positive`` hyperparameters must be > 0, the
+    ``nonnegative`` ones >= 0 (NaN is refused)."""
+
+    def check(values: Mapping[str, Any], option: str) -> None:
+        for names, bound, holds in ((positive, "> 0", lambda v: v > 0), (nonnegative, ">= 0", lambda v: v >= 0)):
+            for name in names:
+                if not holds(values[name]):  # also catches NaN
+                    raise ValueError(f"{option}[{name!r}] must be {bound}, got {values[name]!r}.")
+
+    return check
 
 
 def mean_over_items(total: torch.Tensor, local_count: torch.Tensor | int, inputs: LossInputs) -> torch.Tensor:

@@ -17,8 +17,10 @@ from ..objectives.registry import (
     METHODS,
     RETAIN_OBJECTIVES,
     resolve_hyperparameters,
+    resolve_objectives,
 )
 from .callbacks import DEFAULT_MEMBERSHIP_AUC_SLACK
+from .deprecated import merge_aliases, warn_auc_slack_with_gap
 
 logger = logging.get_logger(__name__)
 
@@ -68,7 +70,8 @@ def check_surgery_backend(strategy: str, deepspeed: bool, fsdp1: bool) -> None:
 def resolve_method(config: Any) -> None:
     """The method group of an ``UnlearnConfig``, checked and completed in place: ``method`` (None: 'masc', or
     'custom' when ``forget_loss`` is given, logged), the objectives' declared hyperparameters
-    (``forget_loss_kwargs`` / ``retain_loss_kwargs``: a key the objective did not declare is refused by name), and the
+    (``forget_loss_kwargs`` / ``retain_loss_kwargs``, with the values of the deprecated aliases such as ``npo_beta``
+    moved into them: a key the objective did not declare, or a bad value, is refused by name), and the
     defaults the forget objective registered for ``forget_weight``, ``retain_weight`` and ``stop_on_violation``."""
     if config.method is None:
         config.method = CUSTOM_METHOD if config.forget_loss else "masc"
@@ -82,18 +85,23 @@ def resolve_method(config: Any) -> None:
         raise ValueError(f"method={CUSTOM_METHOD!r} runs the objectives you name: set forget_loss (and retain_loss).")
     if config.method not in METHODS and config.method != CUSTOM_METHOD:
         raise ValueError(f"Unknown method {config.method!r}; choose one of {sorted(METHODS)} or {CUSTOM_METHOD!r}.")
-    forget, retain = config.objectives
-    for option, name, registry in (
-        ("forget_loss_kwargs", forget, FORGET_OBJECTIVES),
-        ("retain_loss_kwargs", retain, RETAIN_OBJECTIVES),
-    ):
+    for option in ("forget_loss_kwargs", "retain_loss_kwargs"):
         given = getattr(config, option)
         if given is not None and not isinstance(given, dict):
             raise ValueError(
                 f"""{option} must be a dict or a JSON object such as '{{"scale": 0.5}}', got {given!r}."""
             )
-        if name in registry or name == "none":  # an objective registered later is checked by the trainer
-            resolve_hyperparameters(registry.get(name), given, option)
+    merge_aliases(config)  # the baselines' deprecated flags, into the kwargs
+    forget, retain = config.objectives
+    if forget in FORGET_OBJECTIVES and (retain in RETAIN_OBJECTIVES or retain == "none"):
+        resolve_objectives(config)
+    else:  # an objective registered later is checked by the trainer
+        for option, name, registry in (
+            ("forget_loss_kwargs", forget, FORGET_OBJECTIVES),
+            ("retain_loss_kwargs", retain, RETAIN_OBJECTIVES),
+        ):
+            if name in registry or name == "none":
+                resolve_hyperparameters(registry.get(name), getattr(config, option), option)
     objective = FORGET_OBJECTIVES.get(forget)
     if config.forget_weight is None:
         config.forget_weight = objective.forget_weight if objective is not None else 1.0
@@ -161,6 +169,8 @@ def resolved_for_data(
             f"±{spread:.2f}, wider than {MEMBERSHIP_AUC_MAX_SPREAD}. More of either (or stop_target='membership') "
             "changes that."
         )
+    if resolved.stop_target == "calibration" and args.stop_target == "auto" and args.calibration_auc_slack is not None:
+        warn_auc_slack_with_gap()  # 'auto' took the gap: the slack becomes its retired second condition
     if resolved.stop_target == "membership" and args.calibration_auc_slack is None:
         resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
         logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")

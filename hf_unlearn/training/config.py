@@ -11,7 +11,7 @@ from transformers.utils import logging
 
 from ..objectives.margin import threshold_from_probability
 from ..surgery.combine import STRATEGIES
-from .choices import CALIBRATION_MATCHES, CUSTOM_METHOD, METHODS
+from .choices import CUSTOM_METHOD, METHODS
 from .config_checks import (
     check_backends,
     check_baselines,
@@ -24,6 +24,7 @@ from .config_checks import (
     check_stopping,
     complete_budget,
 )
+from .deprecated import alias_help, warn_retired
 from .sharpness import SAM_RHO_HELP
 
 logger = logging.get_logger(__name__)
@@ -128,12 +129,11 @@ class UnlearnConfig(TrainingArguments):
             eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its never-seen
             counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided.
         calibration_match (`str`, *optional*, defaults to `"id_spread"`):
-            How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the never-seen
-            margin at its rank), 'token' (beyond the paper: a token the never-seen answers use too gets that token's
-            mean never-seen margin, the forget answers' own words are matched by rank to theirs), 'token_spread' (as
-            'token', plus the never-seen spread around each level, by rank), 'id_spread' (each id's own spread) or
-            'prompt' (as 'token', and an own word the question holds too, such as the author's name, is matched by
-            rank to the never-seen words repeated from their questions). All but 'rank' are beyond the paper.
+            How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the paper's
+            quantile matching: the never-seen margin at its rank) or 'id_spread' (beyond the paper: a token the
+            never-seen answers use too gets its id's mean never-seen margin plus that id's never-seen spread at its
+            rank; the forget answers' own words are matched by rank to theirs). 'token', 'token_spread' and 'prompt'
+            are deprecated (removed in 0.3; docs/studies/masc_landing.md, "What was tried and failed").
         competitor_source (`str`, *optional*, defaults to `"self"`):
             MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
             model, used for MUSE News).
@@ -164,8 +164,8 @@ class UnlearnConfig(TrainingArguments):
             answers' margins over their never-seen counterparts, see calibration_match) is at most this.
         calibration_auc_slack (`float` or `None`, *optional*, defaults to `None`):
             The Min-K% (k 0.4) AUC of the probe's last probe_size forget answers against the calibration answers
-            must reach 0.5 - this: stop_target='membership' (None: 0.05), or with 'calibration' as a second condition
-            (None: the gap alone). Beyond the paper; docs/stopping.md says what each did where measured.
+            must reach 0.5 - this for stop_target='membership' to stop (None: 0.05). Beyond the paper. With
+            stop_target='calibration', a second condition of the gap's stop: deprecated (removed in 0.3).
         probe_interval (`int`, *optional*, defaults to `5`):
             Measure the violation rate every this many optimizer steps (0 disables probing).
         stop_probe (`str`, *optional*, defaults to `"train"`):
@@ -187,18 +187,6 @@ class UnlearnConfig(TrainingArguments):
             How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since the last
             probe; the fixed retain sample is measured at the start and when that reading is under twice the floor, so
             a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
-        calibration_reference (`str`, *optional*, defaults to `"start"`):
-            Which never-seen (calibration) margins the calibrated target and threshold compare the forget margins with:
-            'start' (every calibration answer, up to 16 x probe_size, measured once under the model before unlearning:
-            what a model that never saw the forget data gives such data) or 'current' (a probe_size sample re-measured
-            under the model being trained, near the stop and every calibration_refresh_every probes: it follows the
-            damage unlearning does to similar never-seen data, and the stop chases it; docs/studies/tofu_compare.md).
-        calibration_refresh_margin (`float` or `None`, *optional*, defaults to `1.0`):
-            calibration_reference='current': re-measure the never-seen margins only when the gap against the last ones
-            is within this many logits of calibration_slack, or every calibration_refresh_every probes (a stop always
-            compares with fresh margins). None: at every probe.
-        calibration_refresh_every (`int`, *optional*, defaults to `4`):
-            calibration_reference='current': re-measure the never-seen margins at least this often.
         self_stop_max_steps (`int`, *optional*, defaults to `1000`):
             Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
             at most this many optimizer steps.
@@ -213,9 +201,6 @@ class UnlearnConfig(TrainingArguments):
             When the utility floor stops a run, put back the weights of the last probe above the floor (a copy of the
             trainable parameters is kept in host memory: small for LoRA, up to two model copies for full fine-tuning,
             the last certified state and the candidate a retain screen passed).
-        keep_best_state (`bool`, *optional*, defaults to `False`):
-            For a run that goes on past the stop target (stop_on_violation=False): at the end, restore the weights of
-            the first probe that met it (kept in host memory like restore_on_failure's copy).
 
     > Parameters that choose which forget tokens are scored (MASC's MUSE setting)
 
@@ -225,10 +210,6 @@ class UnlearnConfig(TrainingArguments):
             reference code's MUSE runs do with --forget_penalty_mode continuation; the cut is drawn per example and
             epoch between continuation_cut_min_ratio and continuation_cut_max_ratio of the scored tokens, at a fixed
             place per example for the probes).
-        score_answer_end (`bool`, *optional*, defaults to `True`):
-            Whether the forget objective and the forget and never-seen probes score an answer's closing tokens (EOS, a
-            chat template's end-of-turn and the whitespace after it). False (beyond the MASC paper): they say nothing
-            of the facts, and pushing them down teaches the model not to end its forget answers.
         continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
             forget_scoring='continuation': smallest fraction of a text's tokens given as prefix.
         continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
@@ -239,49 +220,11 @@ class UnlearnConfig(TrainingArguments):
             forget_scoring='continuation': the scored continuation is at least this many tokens; a text shorter than
             prefix + suffix minimum is scored whole.
 
-    > Parameters that control the baseline objectives
+    > Parameters that control the baseline objectives (their hyperparameters: `forget_loss_kwargs`)
 
-        npo_beta (`float`, *optional*, defaults to `0.1`):
-            NPO / NPO+KLR inverse temperature beta.
-        simnpo_beta (`float`, *optional*, defaults to `4.5`):
-            SimNPO inverse temperature beta.
-        simnpo_delta (`float`, *optional*, defaults to `0.0`):
-            SimNPO reward margin delta.
-        dpo_beta (`float`, *optional*, defaults to `0.1`):
-            IdkDPO (DPO) inverse temperature beta.
-        undial_beta (`float`, *optional*, defaults to `10.0`):
-            UNDIAL: how far the target token's logit is lowered.
-        wga_beta (`float`, *optional*, defaults to `1.0`):
-            WGA: exponent of the token-probability weight p^beta.
-        satimp_beta1 (`float`, *optional*, defaults to `5.0`):
-            SatImp: exponent of the saturation weight p^beta1.
-        satimp_beta2 (`float`, *optional*, defaults to `1.0`):
-            SatImp: exponent of the importance weight (1 - p)^beta2.
-        ceu_ignore_first_n_answer_tokens (`int`, *optional*, defaults to `1`):
-            CE-U: answer tokens at the start of each answer that are not unlearned.
-        altpo_beta (`float`, *optional*, defaults to `0.1`):
-            AltPO (DPO) inverse temperature beta.
         alternate_column (`str`, *optional*, defaults to `"perturbed_answer"`):
             AltPO: column of the forget records holding plausible alternative answers (a text, or a list of which
             example i takes the (i mod n)-th).
-        pdu_epsilon (`float` or `None`, *optional*, defaults to `None`):
-            PDU: the bound on the retain loss (the constraint L_retain <= epsilon). Default: (1 + pdu_epsilon_slack) x
-            the retain loss of the first step.
-        pdu_epsilon_slack (`float`, *optional*, defaults to `0.1`):
-            PDU: relative slack of the default epsilon over the starting retain loss.
-        pdu_dual_init (`float`, *optional*, defaults to `1.0`):
-            PDU: initial value of the dual variable lambda.
-        pdu_dual_step (`float`, *optional*, defaults to `1.0`):
-            PDU: step size of the dual ascent on lambda.
-        pdu_dual_warmup_steps (`int`, *optional*, defaults to `0`):
-            PDU: optimizer steps before lambda starts to move.
-        rmu_layer (`int` or `None`, *optional*, defaults to `None`):
-            RMU: decoder layer whose output is steered (default: 7, or the second-to-last layer if the model has fewer
-            than 9; the last layer is refused, its hidden state is only returned after the final norm).
-        rmu_trainable_layers (`list[int]` or `None`, *optional*, defaults to `None`):
-            RMU: layers whose MLP weights train (default: rmu_layer and the two before it).
-        rmu_steering_coefficient (`float`, *optional*, defaults to `6.5`):
-            RMU: norm c of the random target direction c * u.
         refusal_answers (`list[str]` or `None`, *optional*, defaults to `None`):
             IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms).
 
@@ -293,6 +236,85 @@ class UnlearnConfig(TrainingArguments):
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). Without it, a
             folder holding a run is refused unless you resume it (resume_from_checkpoint).
+
+    > Parameters that are deprecated (removed in 0.3; hf_unlearn.training.deprecated)
+
+    Each still works and warns with a FutureWarning naming its replacement. First the options only a study used
+    (docs/studies/masc_landing.md, "What was tried and failed"), then the baselines' former flags, deprecated aliases
+    of the hyperparameters their objectives declare: each is moved into `forget_loss_kwargs` (`retain_loss_kwargs`
+    for PDU's) when the run's objective declares it; for another method it is unused, as before.
+
+        calibration_reference (`str`, *optional*, defaults to `"start"`):
+            Deprecated (removed in 0.3): leave it at 'start'. Which never-seen (calibration) margins the calibrated
+            target and threshold compare the forget margins with: 'start' (every calibration answer, up to 16 x
+            probe_size, measured once under the model before unlearning) or 'current' (a probe_size sample re-measured
+            under the model being trained; the stop chases the damage unlearning does to never-seen data).
+        calibration_refresh_margin (`float` or `None`, *optional*, defaults to `1.0`):
+            Deprecated (removed in 0.3), read only with calibration_reference='current': re-measure the never-seen
+            margins when the gap against the last ones is within this many logits of calibration_slack (None: always).
+        calibration_refresh_every (`int`, *optional*, defaults to `4`):
+            Deprecated (removed in 0.3), read only with calibration_reference='current': re-measure the never-seen
+            margins at least this often.
+        keep_best_state (`bool`, *optional*, defaults to `False`):
+            Deprecated (removed in 0.3): use stop_on_violation=True. For a run that goes on past the stop target: at
+            the end, restore the weights of the first probe that met it (kept in host memory).
+        score_answer_end (`bool`, *optional*, defaults to `True`):
+            Deprecated (removed in 0.3): leave it True. Whether the forget objective and the forget and never-seen
+            probes score an answer's closing tokens (EOS, a chat template's end-of-turn and the whitespace after it).
+        npo_beta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method npo, npo_klr). NPO's inverse
+            temperature beta (0.1).
+        simnpo_beta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method simnpo). SimNPO's inverse
+            temperature beta (4.5).
+        simnpo_delta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"delta": ...} (method simnpo). SimNPO's reward margin
+            delta (0).
+        dpo_beta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method idk_dpo). IdkDPO's (DPO) inverse
+            temperature beta (0.1).
+        undial_beta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method undial). UNDIAL: how far the
+            target token's logit is lowered (10).
+        wga_beta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method wga). WGA: exponent of the
+            token-probability weight p^beta (1).
+        satimp_beta1 (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta1": ...} (method satimp). SatImp: exponent of the
+            saturation weight p^beta1 (5).
+        satimp_beta2 (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta2": ...} (method satimp). SatImp: exponent of the
+            importance weight (1 - p)^beta2 (1).
+        ceu_ignore_first_n_answer_tokens (`int` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"ignore_first_n_answer_tokens": ...} (method ce_u).
+            CE-U: answer tokens at the start of each answer that are not unlearned (1).
+        altpo_beta (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method altpo). AltPO's (DPO) inverse
+            temperature beta (0.1).
+        pdu_epsilon (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use retain_loss_kwargs={"epsilon": ...} (method pdu). PDU: the bound on the
+            retain loss (None: (1 + epsilon_slack) x the first step's).
+        pdu_epsilon_slack (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use retain_loss_kwargs={"epsilon_slack": ...} (method pdu). PDU: relative
+            slack of the default epsilon over the starting retain loss (0.1).
+        pdu_dual_init (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use retain_loss_kwargs={"dual_init": ...} (method pdu). PDU: initial value of
+            the dual variable lambda (1).
+        pdu_dual_step (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use retain_loss_kwargs={"dual_step": ...} (method pdu). PDU: step size of the
+            dual ascent on lambda (1).
+        pdu_dual_warmup_steps (`int` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use retain_loss_kwargs={"dual_warmup_steps": ...} (method pdu). PDU: optimizer
+            steps before lambda starts to move (0).
+        rmu_layer (`int` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"layer": ...} (method rmu). RMU: decoder layer whose
+            output is steered (None: 7, or the second-to-last layer; also the retain term's).
+        rmu_trainable_layers (`list[int]` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"trainable_layers": ...} (method rmu). RMU: layers
+            whose MLP weights train (None: the steered layer and the two before it).
+        rmu_steering_coefficient (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"steering_coefficient": ...} (method rmu). RMU: norm c
+            of the random target direction c * u (6.5).
     """
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["forget_loss_kwargs", "retain_loss_kwargs"]
@@ -366,7 +388,7 @@ class UnlearnConfig(TrainingArguments):
     )
     calibration_match: str = field(
         default="id_spread",
-        metadata={"help": "How a forget token finds its never-seen match: " + ", ".join(CALIBRATION_MATCHES) + "."},
+        metadata={"help": "How a forget token finds its never-seen match: 'rank' or 'id_spread' (others deprecated)."},
     )
     competitor_source: str = field(
         default="self",
@@ -399,7 +421,7 @@ class UnlearnConfig(TrainingArguments):
     calibration_auc_slack: float | None = field(
         default=None,
         metadata={
-            "help": "Stop (or, with 'calibration', also wait) at Min-K%% AUC (forget vs calibration) >= 0.5 - this."
+            "help": "stop_target='membership': stop at Min-K%% AUC (forget vs calibration) >= 0.5 - this (None: 0.05)."
         },
     )
     probe_interval: int = field(
@@ -432,18 +454,6 @@ class UnlearnConfig(TrainingArguments):
         default="screen",
         metadata={"help": "How the utility floor reads retain at a probe: 'screen' or 'every_probe'."},
     )
-    calibration_reference: str = field(
-        default="start",
-        metadata={"help": "Which never-seen margins the calibrated target compares with: 'start' or 'current'."},
-    )
-    calibration_refresh_margin: float | None = field(
-        default=1.0,
-        metadata={"help": "calibration_reference='current': re-measure within this many logits; None: always."},
-    )
-    calibration_refresh_every: int = field(
-        default=4,
-        metadata={"help": "calibration_reference='current': re-measure the never-seen margins at least this often."},
-    )
     self_stop_max_steps: int = field(
         default=1000,
         metadata={"help": "Budget in optimizer steps of a self-stopping run given neither max_steps nor epochs."},
@@ -458,21 +468,11 @@ class UnlearnConfig(TrainingArguments):
         default=True,
         metadata={"help": "When the utility floor stops a run, put back the last weights above the floor."},
     )
-    keep_best_state: bool = field(
-        default=False,
-        metadata={"help": "With stop_on_violation=False: at the end, restore the first weights that met the target."},
-    )
 
     # Parameters that choose which forget tokens are scored (MASC's MUSE setting)
     forget_scoring: str = field(
         default="answer",
         metadata={"help": "Which forget tokens are scored: 'answer' (all) or 'continuation' (after a drawn prefix)."},
-    )
-    score_answer_end: bool = field(
-        default=True,
-        metadata={
-            "help": "Whether an answer's closing tokens (EOS, end-of-turn) are scored; False: beyond the paper."
-        },
     )
     continuation_cut_min_ratio: float = field(
         default=0.2,
@@ -491,47 +491,10 @@ class UnlearnConfig(TrainingArguments):
         metadata={"help": "forget_scoring='continuation': the scored continuation is at least this long."},
     )
 
-    # Parameters that control the baseline objectives
-    npo_beta: float = field(default=0.1, metadata={"help": "NPO / NPO+KLR inverse temperature beta."})
-    simnpo_beta: float = field(default=4.5, metadata={"help": "SimNPO inverse temperature beta."})
-    simnpo_delta: float = field(default=0.0, metadata={"help": "SimNPO reward margin delta."})
-    dpo_beta: float = field(default=0.1, metadata={"help": "IdkDPO (DPO) inverse temperature beta."})
-    undial_beta: float = field(default=10.0, metadata={"help": "UNDIAL: how far the target token's logit is lowered."})
-    wga_beta: float = field(default=1.0, metadata={"help": "WGA: exponent of the token-probability weight p^beta."})
-    satimp_beta1: float = field(default=5.0, metadata={"help": "SatImp: exponent of the saturation weight p^beta1."})
-    satimp_beta2: float = field(
-        default=1.0, metadata={"help": "SatImp: exponent of the importance weight (1 - p)^beta2."}
-    )
-    ceu_ignore_first_n_answer_tokens: int = field(
-        default=1, metadata={"help": "CE-U: answer tokens at the start of each answer that are not unlearned."}
-    )
-    altpo_beta: float = field(default=0.1, metadata={"help": "AltPO (DPO) inverse temperature beta."})
+    # Parameters that control the baseline objectives (their hyperparameters: forget_loss_kwargs)
     alternate_column: str = field(
         default="perturbed_answer",
         metadata={"help": "AltPO: column of the forget records holding plausible alternative answers (text or list)."},
-    )
-    pdu_epsilon: float | None = field(
-        default=None,
-        metadata={"help": "PDU: the bound on the retain loss; default (1 + pdu_epsilon_slack) x the first one."},
-    )
-    pdu_epsilon_slack: float = field(
-        default=0.1, metadata={"help": "PDU: relative slack of the default epsilon over the starting retain loss."}
-    )
-    pdu_dual_init: float = field(default=1.0, metadata={"help": "PDU: initial value of the dual variable lambda."})
-    pdu_dual_step: float = field(default=1.0, metadata={"help": "PDU: step size of the dual ascent on lambda."})
-    pdu_dual_warmup_steps: int = field(
-        default=0, metadata={"help": "PDU: optimizer steps before lambda starts to move."}
-    )
-    rmu_layer: int | None = field(
-        default=None,
-        metadata={"help": "RMU: decoder layer whose output is steered (default 7, or the second-to-last)."},
-    )
-    rmu_trainable_layers: list[int] | None = field(
-        default=None,
-        metadata={"help": "RMU: layers whose MLP weights train (default: rmu_layer and the two before it)."},
-    )
-    rmu_steering_coefficient: float = field(
-        default=6.5, metadata={"help": "RMU: norm c of the random target direction c * u."}
     )
     refusal_answers: list[str] | None = field(
         default=None,
@@ -545,6 +508,127 @@ class UnlearnConfig(TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "Allow output_dir to hold an earlier run (removed first); else refused unless resuming."},
+    )
+
+    # Parameters that are deprecated (removed in 0.3): hf_unlearn.training.deprecated. The study options, then the
+    # baselines' former flags (deprecated aliases of their objectives' declared hyperparameters).
+    calibration_reference: str = field(
+        default="start",
+        metadata={"help": "Deprecated (removed in 0.3): leave it 'start'. Never-seen margins: 'start' or 'current'."},
+    )
+    calibration_refresh_margin: float | None = field(
+        default=1.0,
+        metadata={"help": "Deprecated (removed in 0.3). With calibration_reference='current': re-measure margin."},
+    )
+    calibration_refresh_every: int = field(
+        default=4,
+        metadata={"help": "Deprecated (removed in 0.3). With calibration_reference='current': re-measure this often."},
+    )
+    keep_best_state: bool = field(
+        default=False,
+        metadata={
+            "help": "Deprecated (removed in 0.3): use stop_on_violation. Restore the first state at the target."
+        },
+    )
+    score_answer_end: bool = field(
+        default=True,
+        metadata={
+            "help": "Deprecated (removed in 0.3): leave it True. Whether an answer's closing tokens are scored."
+        },
+    )
+    npo_beta: float | None = field(
+        default=None, metadata={"help": alias_help("npo_beta", "NPO's inverse temperature beta (0.1).")}
+    )
+    simnpo_beta: float | None = field(
+        default=None, metadata={"help": alias_help("simnpo_beta", "SimNPO's inverse temperature beta (4.5).")}
+    )
+    simnpo_delta: float | None = field(
+        default=None, metadata={"help": alias_help("simnpo_delta", "SimNPO's reward margin delta (0).")}
+    )
+    dpo_beta: float | None = field(
+        default=None, metadata={"help": alias_help("dpo_beta", "IdkDPO's (DPO) inverse temperature beta (0.1).")}
+    )
+    undial_beta: float | None = field(
+        default=None,
+        metadata={"help": alias_help("undial_beta", "UNDIAL: how far the target token's logit is lowered (10).")},
+    )
+    wga_beta: float | None = field(
+        default=None,
+        metadata={"help": alias_help("wga_beta", "WGA: exponent of the token-probability weight p^beta (1).")},
+    )
+    satimp_beta1: float | None = field(
+        default=None,
+        metadata={"help": alias_help("satimp_beta1", "SatImp: exponent of the saturation weight p^beta1 (5).")},
+    )
+    satimp_beta2: float | None = field(
+        default=None,
+        metadata={"help": alias_help("satimp_beta2", "SatImp: exponent of the importance weight (1 - p)^beta2 (1).")},
+    )
+    ceu_ignore_first_n_answer_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": alias_help(
+                "ceu_ignore_first_n_answer_tokens",
+                "CE-U: answer tokens at the start of each answer that are not unlearned (1).",
+            )
+        },
+    )
+    altpo_beta: float | None = field(
+        default=None, metadata={"help": alias_help("altpo_beta", "AltPO's (DPO) inverse temperature beta (0.1).")}
+    )
+    pdu_epsilon: float | None = field(
+        default=None,
+        metadata={
+            "help": alias_help(
+                "pdu_epsilon", "PDU: the bound on the retain loss (None: (1 + epsilon_slack) x the first step's)."
+            )
+        },
+    )
+    pdu_epsilon_slack: float | None = field(
+        default=None,
+        metadata={
+            "help": alias_help(
+                "pdu_epsilon_slack", "PDU: relative slack of the default epsilon over the starting retain loss (0.1)."
+            )
+        },
+    )
+    pdu_dual_init: float | None = field(
+        default=None,
+        metadata={"help": alias_help("pdu_dual_init", "PDU: initial value of the dual variable lambda (1).")},
+    )
+    pdu_dual_step: float | None = field(
+        default=None,
+        metadata={"help": alias_help("pdu_dual_step", "PDU: step size of the dual ascent on lambda (1).")},
+    )
+    pdu_dual_warmup_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": alias_help("pdu_dual_warmup_steps", "PDU: optimizer steps before lambda starts to move (0).")
+        },
+    )
+    rmu_layer: int | None = field(
+        default=None,
+        metadata={
+            "help": alias_help(
+                "rmu_layer",
+                "RMU: decoder layer steered (None: 7, or the second-to-last; also the retain term's).",
+            )
+        },
+    )
+    rmu_trainable_layers: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": alias_help(
+                "rmu_trainable_layers",
+                "RMU: layers whose MLP weights train (None: the steered layer and the two before it).",
+            )
+        },
+    )
+    rmu_steering_coefficient: float | None = field(
+        default=None,
+        metadata={
+            "help": alias_help("rmu_steering_coefficient", "RMU: norm c of the random target direction c * u (6.5).")
+        },
     )
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
@@ -595,6 +679,7 @@ class UnlearnConfig(TrainingArguments):
         check_forget_scoring(self)
         check_baselines(self)
         complete_budget(self)
+        warn_retired(self)  # the study options on their way out (training/deprecated.py)
 
     @property
     def masc_tau(self) -> float:

@@ -185,17 +185,8 @@ def check_forget_scoring(config: Any) -> None:
 
 
 def check_baselines(config: Any) -> None:
-    """The baseline objectives' hyperparameters; ``refusal_answers`` completed with the default refusals."""
-    for name in ("npo_beta", "simnpo_beta", "dpo_beta", "altpo_beta"):
-        if not getattr(config, name) > 0:  # also catches NaN
-            raise ValueError(
-                f"{name} must be > 0 (it divides the loss or scales a log-ratio), got {getattr(config, name)}."
-            )
-    for name in ("wga_beta", "satimp_beta1", "satimp_beta2", "pdu_dual_init", "pdu_dual_step", "pdu_epsilon_slack"):
-        if not getattr(config, name) >= 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(config, name)}.")
-    if config.ceu_ignore_first_n_answer_tokens < 0 or config.pdu_dual_warmup_steps < 0:
-        raise ValueError("ceu_ignore_first_n_answer_tokens and pdu_dual_warmup_steps must be >= 0.")
+    """The baseline objectives' data: ``refusal_answers`` completed with the default refusals (their hyperparameters
+    are checked with the objectives' declared ones, :func:`~hf_unlearn.training.choices.resolve_method`)."""
     if config.refusal_answers is None:
         config.refusal_answers = list(DEFAULT_REFUSALS)
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from ..objectives.registry import resolve_hyperparameters
+from ..objectives.registry import objective_hyperparameters
 from ..surgery import SURGERY_PAPER
 from .record import UnlearnRecord
 from .sharpness import SAM_PAPER
@@ -59,14 +59,17 @@ CONTINUATION_HYPERPARAMETERS = (
 
 
 def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
-    """The settings that shaped the run: training's, each objective's own (its config fields, and the values of the
-    hyperparameters it declared, as ``forget_loss_kwargs`` / ``retain_loss_kwargs``), and those of the stopping rule,
-    the guards and continuation scoring where they are in use. Enum settings (scheduler, optimizer) by their value."""
+    """The settings that shaped the run: training's, each objective's own (its config fields, the data columns or
+    refusals it reads, and the values of the hyperparameters it declared, as ``forget_loss_kwargs`` /
+    ``retain_loss_kwargs``), and those of the stopping rule, the guards and continuation scoring where they are in
+    use. Enum settings (scheduler, optimizer) by their value."""
     names = list(TRAINING_HYPERPARAMETERS)
     if getattr(args, "sam_rho", 0):  # sharpness-aware forgetting: recorded when on
         names.append("sam_rho")
     for objective in objectives:
         names += objective.hyperparameters
+        names += ["refusal_answers"] if objective.needs_refusal else []
+        names += ["alternate_column"] if objective.needs_alternate else []
     if args.stop_on_violation:
         names += STOPPING_HYPERPARAMETERS
     if args.probe_interval > 0:
@@ -74,9 +77,9 @@ def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
     if args.forget_scoring != "answer":
         names += CONTINUATION_HYPERPARAMETERS
     values = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
-    for option, objective in zip(("forget_loss_kwargs", "retain_loss_kwargs"), objectives):
+    for part, objective in zip(("forget", "retain"), objectives):
         if objective.declared:  # the values its declared hyperparameters had, defaults included
-            values[option] = resolve_hyperparameters(objective, getattr(args, option), option)
+            values[f"{part}_loss_kwargs"] = objective_hyperparameters(args, part)
     return values
 
 

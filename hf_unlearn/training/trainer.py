@@ -177,6 +177,8 @@ class UnlearnTrainer(Trainer):
         compares with one, its frozen reference in ``self.ref_model`` (placed on the devices after Trainer's setup,
         :meth:`_prepare_step_state`)."""
         model = prepare_model(anchored_base(model), args, peft_config, self._objectives())
+        # A prepare hook may have chosen hyperparameters for the model (RMU's layers): the values the losses read.
+        self.objective_kwargs = resolve_objectives(args)[2]
         if ref_model is None and any(objective.needs_reference(args) for objective in self._objectives()):
             ref_model = make_reference(model, is_peft_model(model), args.reference_dtype)
         if ref_model is not None and ref_model is not ZERO3_COPY:
