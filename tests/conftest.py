@@ -11,8 +11,19 @@ if "HF_UNLEARN_CACHE" not in os.environ:
 
     os.environ["HF_UNLEARN_CACHE"] = tempfile.mkdtemp(prefix="hf_unlearn_test_cache_")
 
+# Under pytest-xdist each worker takes its share of the cores (torch would otherwise start a thread per core in every
+# worker, and the workers' threads would contend); the processes a test starts inherit it. OMP_NUM_THREADS set by the
+# caller wins.
+WORKER_THREADS = None
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "OMP_NUM_THREADS" not in os.environ:
+    WORKER_THREADS = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+if WORKER_THREADS is not None:
+    torch.set_num_threads(WORKER_THREADS)
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 VOCAB = 64
