@@ -24,7 +24,7 @@ from .config_checks import (
     check_stopping,
     complete_budget,
 )
-from .deprecated import alias_help, warn_retired
+from .deprecated import alias_field, warn_retired
 from .sharpness import SAM_RHO_HELP
 
 logger = logging.get_logger(__name__)
@@ -536,100 +536,24 @@ class UnlearnConfig(TrainingArguments):
             "help": "Deprecated (removed in 0.3): leave it True. Whether an answer's closing tokens are scored."
         },
     )
-    npo_beta: float | None = field(
-        default=None, metadata={"help": alias_help("npo_beta", "NPO's inverse temperature beta (0.1).")}
-    )
-    simnpo_beta: float | None = field(
-        default=None, metadata={"help": alias_help("simnpo_beta", "SimNPO's inverse temperature beta (4.5).")}
-    )
-    simnpo_delta: float | None = field(
-        default=None, metadata={"help": alias_help("simnpo_delta", "SimNPO's reward margin delta (0).")}
-    )
-    dpo_beta: float | None = field(
-        default=None, metadata={"help": alias_help("dpo_beta", "IdkDPO's (DPO) inverse temperature beta (0.1).")}
-    )
-    undial_beta: float | None = field(
-        default=None,
-        metadata={"help": alias_help("undial_beta", "UNDIAL: how far the target token's logit is lowered (10).")},
-    )
-    wga_beta: float | None = field(
-        default=None,
-        metadata={"help": alias_help("wga_beta", "WGA: exponent of the token-probability weight p^beta (1).")},
-    )
-    satimp_beta1: float | None = field(
-        default=None,
-        metadata={"help": alias_help("satimp_beta1", "SatImp: exponent of the saturation weight p^beta1 (5).")},
-    )
-    satimp_beta2: float | None = field(
-        default=None,
-        metadata={"help": alias_help("satimp_beta2", "SatImp: exponent of the importance weight (1 - p)^beta2 (1).")},
-    )
-    ceu_ignore_first_n_answer_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": alias_help(
-                "ceu_ignore_first_n_answer_tokens",
-                "CE-U: answer tokens at the start of each answer that are not unlearned (1).",
-            )
-        },
-    )
-    altpo_beta: float | None = field(
-        default=None, metadata={"help": alias_help("altpo_beta", "AltPO's (DPO) inverse temperature beta (0.1).")}
-    )
-    pdu_epsilon: float | None = field(
-        default=None,
-        metadata={
-            "help": alias_help(
-                "pdu_epsilon", "PDU: the bound on the retain loss (None: (1 + epsilon_slack) x the first step's)."
-            )
-        },
-    )
-    pdu_epsilon_slack: float | None = field(
-        default=None,
-        metadata={
-            "help": alias_help(
-                "pdu_epsilon_slack", "PDU: relative slack of the default epsilon over the starting retain loss (0.1)."
-            )
-        },
-    )
-    pdu_dual_init: float | None = field(
-        default=None,
-        metadata={"help": alias_help("pdu_dual_init", "PDU: initial value of the dual variable lambda (1).")},
-    )
-    pdu_dual_step: float | None = field(
-        default=None,
-        metadata={"help": alias_help("pdu_dual_step", "PDU: step size of the dual ascent on lambda (1).")},
-    )
-    pdu_dual_warmup_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": alias_help("pdu_dual_warmup_steps", "PDU: optimizer steps before lambda starts to move (0).")
-        },
-    )
-    rmu_layer: int | None = field(
-        default=None,
-        metadata={
-            "help": alias_help(
-                "rmu_layer",
-                "RMU: decoder layer steered (None: 7, or the second-to-last; also the retain term's).",
-            )
-        },
-    )
-    rmu_trainable_layers: list[int] | None = field(
-        default=None,
-        metadata={
-            "help": alias_help(
-                "rmu_trainable_layers",
-                "RMU: layers whose MLP weights train (None: the steered layer and the two before it).",
-            )
-        },
-    )
-    rmu_steering_coefficient: float | None = field(
-        default=None,
-        metadata={
-            "help": alias_help("rmu_steering_coefficient", "RMU: norm c of the random target direction c * u (6.5).")
-        },
-    )
+    npo_beta: float | None = alias_field("npo_beta")
+    simnpo_beta: float | None = alias_field("simnpo_beta")
+    simnpo_delta: float | None = alias_field("simnpo_delta")
+    dpo_beta: float | None = alias_field("dpo_beta")
+    undial_beta: float | None = alias_field("undial_beta")
+    wga_beta: float | None = alias_field("wga_beta")
+    satimp_beta1: float | None = alias_field("satimp_beta1")
+    satimp_beta2: float | None = alias_field("satimp_beta2")
+    ceu_ignore_first_n_answer_tokens: int | None = alias_field("ceu_ignore_first_n_answer_tokens")
+    altpo_beta: float | None = alias_field("altpo_beta")
+    pdu_epsilon: float | None = alias_field("pdu_epsilon")
+    pdu_epsilon_slack: float | None = alias_field("pdu_epsilon_slack")
+    pdu_dual_init: float | None = alias_field("pdu_dual_init")
+    pdu_dual_step: float | None = alias_field("pdu_dual_step")
+    pdu_dual_warmup_steps: int | None = alias_field("pdu_dual_warmup_steps")
+    rmu_layer: int | None = alias_field("rmu_layer")
+    rmu_trainable_layers: list[int] | None = alias_field("rmu_trainable_layers")
+    rmu_steering_coefficient: float | None = alias_field("rmu_steering_coefficient")
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
     num_train_epochs: float | None = field(

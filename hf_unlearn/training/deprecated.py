@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import warnings
+from dataclasses import field
 from typing import Any, NamedTuple
 
 #: The version that removes what this module deprecates.
@@ -24,40 +25,78 @@ REMOVED_IN = "0.3"
 
 class Alias(NamedTuple):
     """A deprecated ``UnlearnConfig`` field that sets the declared hyperparameter ``key`` of the ``objectives`` (the
-    first is the one its replacement names; ``part`` says which kwargs hold it)."""
+    first is the one its replacement names; ``part`` says which kwargs hold it); ``what`` says what it sets."""
 
     part: str
     objectives: tuple[str, ...]
     key: str
+    what: str
 
 
-#: Deprecated field -> the declared hyperparameter it sets.
+#: Deprecated field -> the declared hyperparameter it sets, and what it sets (its help).
 ALIASES: dict[str, Alias] = {
-    "npo_beta": Alias("forget", ("npo",), "beta"),
-    "simnpo_beta": Alias("forget", ("simnpo",), "beta"),
-    "simnpo_delta": Alias("forget", ("simnpo",), "delta"),
-    "dpo_beta": Alias("forget", ("idk_dpo",), "beta"),
-    "undial_beta": Alias("forget", ("undial",), "beta"),
-    "wga_beta": Alias("forget", ("wga",), "beta"),
-    "satimp_beta1": Alias("forget", ("satimp",), "beta1"),
-    "satimp_beta2": Alias("forget", ("satimp",), "beta2"),
-    "ceu_ignore_first_n_answer_tokens": Alias("forget", ("ce_u",), "ignore_first_n_answer_tokens"),
-    "altpo_beta": Alias("forget", ("altpo",), "beta"),
-    "pdu_epsilon": Alias("retain", ("pdu_dual",), "epsilon"),
-    "pdu_epsilon_slack": Alias("retain", ("pdu_dual",), "epsilon_slack"),
-    "pdu_dual_init": Alias("retain", ("pdu_dual",), "dual_init"),
-    "pdu_dual_step": Alias("retain", ("pdu_dual",), "dual_step"),
-    "pdu_dual_warmup_steps": Alias("retain", ("pdu_dual",), "dual_warmup_steps"),
-    "rmu_layer": Alias("forget", ("rmu", "rmu_retain"), "layer"),
-    "rmu_trainable_layers": Alias("forget", ("rmu",), "trainable_layers"),
-    "rmu_steering_coefficient": Alias("forget", ("rmu",), "steering_coefficient"),
+    "npo_beta": Alias("forget", ("npo",), "beta", "NPO's inverse temperature beta (0.1)."),
+    "simnpo_beta": Alias("forget", ("simnpo",), "beta", "SimNPO's inverse temperature beta (4.5)."),
+    "simnpo_delta": Alias("forget", ("simnpo",), "delta", "SimNPO's reward margin delta (0)."),
+    "dpo_beta": Alias("forget", ("idk_dpo",), "beta", "IdkDPO's (DPO) inverse temperature beta (0.1)."),
+    "undial_beta": Alias("forget", ("undial",), "beta", "UNDIAL: how far the target token's logit is lowered (10)."),
+    "wga_beta": Alias("forget", ("wga",), "beta", "WGA: exponent of the token-probability weight p^beta (1)."),
+    "satimp_beta1": Alias("forget", ("satimp",), "beta1", "SatImp: exponent of the saturation weight p^beta1 (5)."),
+    "satimp_beta2": Alias(
+        "forget", ("satimp",), "beta2", "SatImp: exponent of the importance weight (1 - p)^beta2 (1)."
+    ),
+    "ceu_ignore_first_n_answer_tokens": Alias(
+        "forget",
+        ("ce_u",),
+        "ignore_first_n_answer_tokens",
+        "CE-U: answer tokens at the start of each answer that are not unlearned (1).",
+    ),
+    "altpo_beta": Alias("forget", ("altpo",), "beta", "AltPO's (DPO) inverse temperature beta (0.1)."),
+    "pdu_epsilon": Alias(
+        "retain",
+        ("pdu_dual",),
+        "epsilon",
+        "PDU: the bound on the retain loss (None: (1 + epsilon_slack) x the first step's).",
+    ),
+    "pdu_epsilon_slack": Alias(
+        "retain",
+        ("pdu_dual",),
+        "epsilon_slack",
+        "PDU: relative slack of the default epsilon over the starting retain loss (0.1).",
+    ),
+    "pdu_dual_init": Alias(
+        "retain", ("pdu_dual",), "dual_init", "PDU: initial value of the dual variable lambda (1)."
+    ),
+    "pdu_dual_step": Alias("retain", ("pdu_dual",), "dual_step", "PDU: step size of the dual ascent on lambda (1)."),
+    "pdu_dual_warmup_steps": Alias(
+        "retain", ("pdu_dual",), "dual_warmup_steps", "PDU: optimizer steps before lambda starts to move (0)."
+    ),
+    "rmu_layer": Alias(
+        "forget",
+        ("rmu", "rmu_retain"),
+        "layer",
+        "RMU: decoder layer steered (None: 7, or the second-to-last; also the retain term's).",
+    ),
+    "rmu_trainable_layers": Alias(
+        "forget",
+        ("rmu",),
+        "trainable_layers",
+        "RMU: layers whose MLP weights train (None: the steered layer and the two before it).",
+    ),
+    "rmu_steering_coefficient": Alias(
+        "forget", ("rmu",), "steering_coefficient", "RMU: norm c of the random target direction c * u (6.5)."
+    ),
 }
 
 
-def alias_help(name: str, what: str) -> str:
-    """The ``help`` of the deprecated field ``name``: its replacement first, then what it sets."""
+def alias_field(name: str) -> Any:
+    """The dataclass field of the deprecated alias ``name`` (default ``None``): its help names the replacement
+    first, then what it sets."""
     alias = ALIASES[name]
-    return f'Deprecated (removed in {REMOVED_IN}): use {alias.part}_loss_kwargs={{"{alias.key}": ...}}. {what}'
+    replacement = f'{alias.part}_loss_kwargs={{"{alias.key}": ...}}'
+    return field(
+        default=None, metadata={"help": f"Deprecated (removed in {REMOVED_IN}): use {replacement}. {alias.what}"}
+    )
 
 
 def warn_deprecated(name: str, replacement: str) -> None:
