@@ -51,8 +51,8 @@ from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
 from .probing import ProbeSets, ProbeState, calibration_sample_size, runs_from_training_forwards
 from .record import UnlearnRecord, run_datasets
-from .record_builder import build_record
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
+from .run_outputs import RunOutputs
 from .sharpness import ForgetSAM
 from .start_model_logits import StartModelLogits, start_model_is_constant
 
@@ -69,7 +69,7 @@ PARTS = ("forget", "retain")
 _UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
 
 
-class UnlearnTrainer(Trainer):
+class UnlearnTrainer(RunOutputs, Trainer):
     """Trainer for LLM unlearning: ``train_dataset`` is forgotten while ``retain_dataset`` is kept.
 
     Implements MASC (margin self-correction, arXiv 2606.02920) with its online stopping rule, the objectives
@@ -591,34 +591,6 @@ class UnlearnTrainer(Trainer):
 
     # --- the run record ---------------------------------------------------------------------------------
 
-    def _make_record(self, final: bool) -> UnlearnRecord:
-        """The run record (:func:`~hf_unlearn.training.record_builder.build_record`) of the trainer's state now.
-        ``final`` (once, at the end of ``train()``, on every process) adds the exact-reproduction bound, which needs
-        forward passes; the record saved with a checkpoint is built without running the model."""
-        model = self.accelerator.unwrap_model(self.model)
-        adapter = None
-        if is_peft_model(model):
-            adapter = str(model.peft_config[model.active_adapter].peft_type.value).lower()
-            model = model.get_base_model()
-        return build_record(
-            self.args,
-            self._objectives(),
-            self.state,
-            self.stopping_callback,
-            model,
-            adapter,
-            self._datasets,
-            probe_seconds=self.probes.seconds,
-            probe_seconds_by_set=self.probes.seconds_by_set,
-            restored_step=self.probes.restored_step,
-            wall_seconds=self._train_seconds,
-            forget_fingerprint=self.forget_fingerprint,
-            earlier_requests=self.earlier_requests,
-            objective_state=self.objective_state_callback.state()["attributes"]["states"],
-            exact_reproduction_bound=self.exact_reproduction_bound() if final else None,
-            previous=getattr(self, "record", None),
-        )
-
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
         """Trainer's ``train``, after checking the output folder (an earlier run there is refused unless
         ``overwrite_output_dir`` or a resume; it must be writable) so that nothing is trained that cannot be saved."""
@@ -640,44 +612,6 @@ class UnlearnTrainer(Trainer):
                 f"target ({LOOSER_TARGET.get(self.args.stop_target, 'stop_alpha')})."
             )
         return output
-
-    # --- saving, model card and Hub -----------------------------------------------------------------------
-
-    def _write_record_and_card(self, output_dir: str) -> None:
-        from ..outputs.model_card import write_run_outputs
-
-        record = self.record if self.record.complete else self._make_record(final=False)
-        model = self.accelerator.unwrap_model(self.model)
-        write_run_outputs(record, output_dir, self.args.hub_model_id, model if is_peft_model(model) else None)
-
-    def create_model_card(self, model_name: str | None = None, tags: Any = None, **kwargs: Any) -> None:
-        """Write README.md (the unlearning model card, from the run record) into ``output_dir``; replaces
-        Trainer's generic draft."""
-        if not self.is_world_process_zero():
-            return
-        if model_name or tags:
-            extra = dict(self.record.extra)
-            if model_name:
-                extra["model_name"] = model_name
-            if tags:
-                extra["tags"] = sorted(set([tags] if isinstance(tags, str) else tags))
-            self.record.update(extra=extra)
-        self._write_record_and_card(self.args.output_dir)
-
-    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save as Trainer does, plus ``unlearn_record.json`` and the model card it writes, so every checkpoint
-        and final save says what was done. Nothing is measured here: the record is read, not recomputed."""
-        super().save_model(output_dir, _internal_call)
-        if self.args.should_save:
-            self._write_record_and_card(output_dir or self.args.output_dir)
-
-    def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
-        """Push as Trainer does, but first make sure the Hub is reachable, so that without a network nothing is
-        written or changed on disk before the failure."""
-        from ..outputs.hub import ensure_hub_reachable
-
-        ensure_hub_reachable(self.args.output_dir)
-        return super().push_to_hub(*args, **kwargs)
 
     def _load_callback_state(self) -> None:
         super()._load_callback_state()
