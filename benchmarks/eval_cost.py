@@ -80,7 +80,7 @@ except ImportError:
     attack_reads = None
 from hf_unlearn.evaluation.suites import evaluate_benchmark, qa_evaluation_sets  # noqa: E402
 from hf_unlearn.jobs.compare import CompareSetting, nf4_forget_check  # noqa: E402
-from hf_unlearn.objectives.margin import threshold_from_probability  # noqa: E402
+from hf_unlearn.objectives.masc.margin import threshold_from_probability
 
 
 def questions_answers(records: Sequence[dict]) -> tuple[list[str], list[str]]:

@@ -11,13 +11,13 @@ from . import third_party  # noqa: F401
 _PUBLIC = {
     "build_qa_dataset": ".data.examples",
     "tokenize_qa": ".data.examples",
-    "restricted_margin": ".objectives.margin",
-    "threshold_from_probability": ".objectives.margin",
+    "restricted_margin": ".objectives.masc.margin",
+    "threshold_from_probability": ".objectives.masc.margin",
     "FORGET_OBJECTIVES": ".objectives.registry",
     "RETAIN_OBJECTIVES": ".objectives.registry",
     "register_forget_objective": ".objectives.registry",
     "register_retain_objective": ".objectives.registry",
-    "ViolationStoppingCallback": ".training.callbacks",
+    "ViolationStoppingCallback": ".objectives.masc.stopping",
     "METHODS": ".training.choices",
     "UnlearnConfig": ".training.config",
     "UnlearnRecord": ".training.record",
@@ -39,14 +39,14 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # the names, for type checkers and IDEs
     from .data.examples import build_qa_dataset, tokenize_qa
-    from .objectives.margin import restricted_margin, threshold_from_probability
+    from .objectives.masc.margin import restricted_margin, threshold_from_probability
+    from .objectives.masc.stopping import ViolationStoppingCallback
     from .objectives.registry import (
         FORGET_OBJECTIVES,
         RETAIN_OBJECTIVES,
         register_forget_objective,
         register_retain_objective,
     )
-    from .training.callbacks import ViolationStoppingCallback
     from .training.choices import METHODS
     from .training.config import UnlearnConfig
     from .training.record import UnlearnRecord

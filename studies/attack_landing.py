@@ -12,10 +12,10 @@ the token's rank. With ``--every N`` the first seed's run is also measured every
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python studies/attack_landing.py --seeds 0 1 2 --every 10 \
         --output attack_landing.json [key=value UnlearnConfig overrides ...]
 
-The library is used through its public API; the three study-only variants (``--rival_temperature``,
-``--entropy_weight``, ``--z_weight``) patch the one function that computes the rival KL
-(``hf_unlearn.objectives.masc.rival_kl``) for the run and are not options of the library. Findings:
-docs/studies/attack_landing.md.
+The library is used through its public API (a sharper rival target is the option ``masc_rival_temperature=T``,
+given as an override); the two study-only variants (``--entropy_weight``, ``--z_weight``) patch the one function that
+computes the rival KL (``hf_unlearn.objectives.masc.loss.rival_kl``) for the run and are not options of the library.
+Findings: docs/studies/attack_landing.md.
 """
 
 from __future__ import annotations
@@ -88,20 +88,6 @@ class AttackTrajectory(TrainerCallback):
             self.measure(model, state.global_step)
 
 
-def sharpen_rival_target(temperature: float) -> None:
-    """A study-only variant, not an option of the library: the rival KL (``masc_rival_kl``) holds the model to the
-    start model's distribution over the other tokens at ``temperature`` instead of 1, so that what replaces the
-    forgotten token is as confident as the start model's best alternative allows. Patches the one function."""
-    import hf_unlearn.objectives.masc as masc
-
-    original = masc.rival_kl
-
-    def sharpened(logits, reference_logits, labels, num_items=None):
-        return original(logits, reference_logits / temperature, labels, num_items)
-
-    masc.rival_kl = sharpened
-
-
 def position_entropies(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The entropy of the model's distribution at every position that predicts an answer token (aligned: position t
     predicts labels[t + 1]), as a 1-D tensor in the order of the scored tokens."""
@@ -128,9 +114,9 @@ def match_standardised(weight: float, start_model, calibration) -> None:
     token's standardised log-probability (what Min-K%++ reads) down to the never-seen value at its rank (the
     calibration answers' under the start model, matched by rank as the margin's thresholds are). Added to the
     rival KL term, as :func:`match_entropy`."""
-    import hf_unlearn.objectives.masc as masc
+    import hf_unlearn.objectives.masc.loss as masc
     from hf_unlearn.data.pairing import pad_examples
-    from hf_unlearn.objectives.margin import calibrated_thresholds
+    from hf_unlearn.objectives.masc.calibration import calibrated_thresholds
 
     batch = pad_examples([{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in calibration], 0)
     start_model.eval()
@@ -156,9 +142,9 @@ def match_entropy(weight: float, start_model, calibration) -> None:
     the start model, matched by rank as the margin's thresholds are), so that the distribution around a forgotten
     token ends as confident as around a never-seen one. Added to the rival KL term (its call is patched; the sum is
     scaled back by ``masc_rival_kl``)."""
-    import hf_unlearn.objectives.masc as masc
+    import hf_unlearn.objectives.masc.loss as masc
     from hf_unlearn.data.pairing import pad_examples
-    from hf_unlearn.objectives.margin import calibrated_thresholds
+    from hf_unlearn.objectives.masc.calibration import calibrated_thresholds
 
     batch = pad_examples([{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in calibration], 0)
     start_model.eval()
@@ -189,10 +175,6 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=3e-4)
     parser.add_argument("--num_train_epochs", type=float, default=80)
     parser.add_argument(
-        "--rival_temperature", type=float, default=None,
-        help="study only: the rival KL's target is the start model's distribution at this temperature (< 1: sharper)",
-    )  # fmt: skip
-    parser.add_argument(
         "--entropy_weight", type=float, default=None,
         help="study only: add a hinge pulling each forget position's entropy to its never-seen rank, this weight",
     )  # fmt: skip
@@ -214,8 +196,6 @@ def main() -> None:
                 continue
         overrides[key] = {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
 
-    if cli.rival_temperature is not None:
-        sharpen_rival_target(cli.rival_temperature)
     target, tokenizer, _ = learn_target_model(show_progress=False)
     never, _ = learn_retain_only_model(SPLIT)
     sets = embedded_evaluation_sets(SPLIT)
@@ -240,7 +220,6 @@ def main() -> None:
         "settings": {
             "learning_rate": cli.learning_rate,
             "no_stop": cli.no_stop,
-            "rival_temperature": cli.rival_temperature,
             "entropy_weight": cli.entropy_weight,
             "z_weight": cli.z_weight,
             **overrides,

@@ -12,6 +12,10 @@ kinds fill Min-K%'s lowest 40%. The run is then measured like ``hf-unlearn compa
 every ``--auc_every`` steps, what a stop could read and the adapter (``trajectory/step-N``; ``studies/stop_replay.py``
 at f1ebda8 reads them again).
 
+``--save_steps 25`` keeps a checkpoint every 25 steps (the adapter, the optimizer and the stop's state): a run longer
+than one sitting is killed and goes on with ``--resume`` as the uninterrupted run would have, and its adapters can be
+measured afterwards.
+
 The target and the never-trained model come from compare's cache; their measurements (the region) are cached in
 ``--region_cache`` per split, so that each run only measures itself. Writes ``result.json`` and ``tokens.png``.
 """
@@ -38,15 +42,10 @@ from hf_unlearn.evaluation.membership import membership_auc, min_k_count
 from hf_unlearn.jobs.compare import build_region, in_region, parse_overrides, region_misses
 from hf_unlearn.jobs.compare_setups import tofu_setting
 from hf_unlearn.jobs.models import build_trainer
-from hf_unlearn.objectives.margin import (
-    NeverSeenLevels,
-    calibration_gap,
-    matched_thresholds,
-    restricted_margin,
-    shift_for_causal_lm,
-    token_levels,
-)
-from hf_unlearn.training.callbacks import ViolationStoppingCallback
+from hf_unlearn.objectives.masc.calibration import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
+from hf_unlearn.objectives.masc.margin import restricted_margin
+from hf_unlearn.objectives.masc.stopping import ViolationStoppingCallback
+from hf_unlearn.scores import shift_for_causal_lm
 from hf_unlearn.training.config import UnlearnConfig
 
 FUNCTION_WORDS = set(
@@ -284,6 +283,12 @@ def main() -> None:
         help="With --auc_every: also what a stop could read from its never-seen authors; the adapter at each row.",
     )  # fmt: skip
     parser.add_argument("--no_train", action="store_true", help="Only the region and the target's token table.")
+    parser.add_argument(
+        "--save_steps", type=int, default=0,
+        help="Save a checkpoint (adapter, optimizer, the stop's state) every this many steps, so that a run longer "
+        "than one sitting goes on with --resume, and the adapters can be measured afterwards (0: none).",
+    )  # fmt: skip
+    parser.add_argument("--resume", action="store_true", help="Go on from the last checkpoint in output_dir/run.")
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
     cli = CompareArguments(
@@ -315,8 +320,9 @@ def main() -> None:
     else:
         overrides = parse_overrides(args.masc_overrides)
         config = UnlearnConfig(
-            output_dir=os.path.join(args.output_dir, "run"), overwrite_output_dir=True, method="masc",
-            learning_rate=args.learning_rate, seed=args.seed, report_to="none", save_strategy="no",
+            output_dir=os.path.join(args.output_dir, "run"), overwrite_output_dir=not args.resume, method="masc",
+            learning_rate=args.learning_rate, seed=args.seed, report_to="none",
+            save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
             disable_tqdm=True, logging_strategy="no", per_device_train_batch_size=cli.per_device_train_batch_size,
             **overrides,
         )  # fmt: skip
@@ -340,7 +346,7 @@ def main() -> None:
         )
         trainer.add_callback(trajectory)
         start = time.perf_counter()
-        trainer.train()
+        trainer.train(resume_from_checkpoint=True if args.resume else None)
         record = trainer.record
         model = trainer.model
         model.save_pretrained(os.path.join(args.output_dir, "adapter"))  # the stopped model, for later reading

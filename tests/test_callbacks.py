@@ -3,8 +3,7 @@
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from hf_unlearn.objectives.margin import hoeffding_upper_bound
-from hf_unlearn.training.callbacks import ViolationStoppingCallback
+from hf_unlearn.objectives.masc.stopping import ViolationStoppingCallback, hoeffding_upper_bound
 
 
 def drive(callback, rates, steps, num_examples=50):

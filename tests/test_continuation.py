@@ -9,7 +9,8 @@ from conftest import make_example, make_tiny_model, memorize, unlearn_config
 from hf_unlearn import UnlearnTrainer
 from hf_unlearn.data.examples import tokenize_text
 from hf_unlearn.data.pairing import ContinuationScoring, continuation_labels, pad_examples
-from hf_unlearn.objectives.margin import restricted_margin, shift_for_causal_lm
+from hf_unlearn.objectives.masc.margin import restricted_margin
+from hf_unlearn.scores import shift_for_causal_lm
 
 IGNORE = -100
 

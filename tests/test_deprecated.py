@@ -1,4 +1,4 @@
-"""The options on their way out (hf_unlearn.training.deprecated): each still works, warns with a FutureWarning naming
+"""The options on their way out (hf_unlearn.deprecated): each still works, warns with a FutureWarning naming
 its replacement and the version that removes it, and no default path of the library sets one."""
 
 import warnings
@@ -8,8 +8,8 @@ from conftest import forget_set, make_tiny_model, retain_set
 from transformers import HfArgumentParser
 
 from hf_unlearn import METHODS, UnlearnConfig, UnlearnTrainer
+from hf_unlearn.deprecated import ALIASES
 from hf_unlearn.objectives import objective_hyperparameters
-from hf_unlearn.training.deprecated import ALIASES
 
 # alias -> (a method whose objective declares its hyperparameter, a value other than the default)
 ALIAS_RUNS = {
@@ -126,8 +126,30 @@ def test_a_retired_study_option_still_works_and_warns(setting, named):
     assert all(getattr(args, name) == value for name, value in setting.items())
 
 
+def test_the_warning_points_at_the_line_that_made_the_config():
+    """The FutureWarning names the user's line (here, this file), not a frame inside the library."""
+    with pytest.warns(FutureWarning, match="score_answer_end") as caught:
+        config(method="masc", score_answer_end=False)
+    assert [w.filename for w in caught if "score_answer_end" in str(w.message)] == [__file__]
+
+
 def test_the_kept_values_of_the_study_options_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         config(method="masc", calibration_match="rank", stop_target="membership", calibration_auc_slack=0.1)
         config(method="masc", stop_target="calibration")
+
+
+@pytest.mark.parametrize("name", ["restricted_margin", "token_levels", "hoeffding_upper_bound", "token_log_probs"])
+def test_the_old_margin_module_still_resolves_each_name_and_warns(name):
+    """MASC moved into hf_unlearn.objectives.masc (issue 56): the old module resolves each of its names to the very
+    object of the new module, with a FutureWarning naming where it lives now."""
+    import importlib
+
+    from hf_unlearn.objectives import margin as old
+
+    with pytest.warns(FutureWarning, match=rf"moved to {old.MOVED[name]}\.{name}.*removed in 0\.3"):
+        value = getattr(old, name)
+    assert value is getattr(importlib.import_module(old.MOVED[name]), name)
+    with pytest.raises(AttributeError):
+        old.no_such_name  # noqa: B018

@@ -3,17 +3,16 @@ import math
 import pytest
 import torch
 
-from hf_unlearn.objectives.margin import (
+from hf_unlearn.objectives.masc.calibration import NeverSeenLevels, calibration_gap
+from hf_unlearn.objectives.masc.margin import (
     MarginResult,
-    NeverSeenLevels,
-    calibration_gap,
     exact_reproduction_bound,
-    hoeffding_upper_bound,
     masc_hinge,
     restricted_margin,
     threshold_from_probability,
     violation_fractions,
 )
+from hf_unlearn.objectives.masc.stopping import hoeffding_upper_bound
 
 
 def brute_force_margin(logits, labels, k, beta, teacher=None, delta=None):
@@ -128,7 +127,7 @@ def test_two_sided_hinge_stops_at_the_counterpart_and_pulls_back_what_fell_below
 def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_level():
     """calibration_match='token': ids the forget answers share with the never-seen answers get that id's mean
     never-seen margin; the forget answers' own words are matched by rank to the never-seen answers' own words."""
-    from hf_unlearn.objectives.margin import calibration_gap, matched_thresholds, token_levels
+    from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, token_levels
 
     never_seen = torch.tensor([5.0, 7.0, -4.0, 8.0, -6.0, -2.0])
     never_seen_ids = torch.tensor([10, 10, 30, 11, 31, 32])  # 10 "was" twice, 11 the end of turn, 30-32 their names
@@ -155,7 +154,7 @@ def test_spread_matched_shared_words_see_a_missing_low_tail_that_their_mean_leve
     spread at its rank ('token': the level alone). Shared words all held exactly at their never-seen mean look like no
     excess at all to the mean; by their spread, never-seen words are not all that predictable, so the low half of
     the forget set's sits above never-seen data's low tail, and a never-seen sample has no excess over itself."""
-    from hf_unlearn.objectives.margin import calibration_gap, token_levels
+    from hf_unlearn.objectives.masc.calibration import calibration_gap, token_levels
 
     never_seen = torch.tensor([2.0, -4.0, 3.0, -5.0, 1.0, -3.0])
     never_seen_ids = torch.tensor([10, 10, 11, 11, 12, 12])  # levels -1 for each id, deviations -2..+4
@@ -170,7 +169,7 @@ def test_spread_matched_shared_words_see_a_missing_low_tail_that_their_mean_leve
 
 
 def test_prompt_copies_marks_the_answer_tokens_their_own_prompt_holds():
-    from hf_unlearn.objectives.margin import prompt_copies
+    from hf_unlearn.objectives.masc.calibration import prompt_copies
 
     # row 0: prompt [5, 6, 7], answer [6, 9]; row 1: prompt [9] and a pad (0, not attended), answer [0, 5]
     input_ids = torch.tensor([[5, 6, 7, 6, 9], [9, 0, 0, 0, 5]])
@@ -185,7 +184,7 @@ def test_prompt_copies_marks_the_answer_tokens_their_own_prompt_holds():
 def test_prompt_matched_counterparts_rank_repeated_words_among_the_never_seen_repeated_words():
     """calibration_match='prompt': an own word the forget prompt holds (the author's name) is ranked among the
     never-seen answers' own words repeated from their prompts, the other own words among the rest."""
-    from hf_unlearn.objectives.margin import calibration_gap, matched_thresholds, token_levels
+    from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, token_levels
 
     never_seen = torch.tensor([5.0, 2.0, -4.0, 1.0, -6.0])
     never_seen_ids = torch.tensor([10, 40, 30, 41, 31])  # 10 shared; 40, 41 their names (repeated); 30, 31 facts
@@ -283,7 +282,7 @@ def test_the_probe_measures_hand_margins_with_the_lm_head_on_the_answers_only(ar
         make_varied_example,
     )
 
-    from hf_unlearn.objectives.margin import measure_violations
+    from hf_unlearn.objectives.masc.margin import measure_violations
 
     model = make_tiny_model(architecture).eval()
     examples = [make_varied_example(seed) for seed in (3, 8, 13)]  # prompts of 5, 2 and 3 tokens
@@ -313,7 +312,7 @@ def test_id_spread_finds_a_function_words_missing_low_tail_that_pooled_spread_fi
     word sits at its never-seen mean while its name piece has the spread the function word should have looks
     never-seen pooled (the name's tails stand in for the function word's) and not per id. Never-seen answers matched
     against themselves have no excess either way."""
-    from hf_unlearn.objectives.margin import calibration_gap, matched_thresholds, spread_by_id, token_levels
+    from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, spread_by_id, token_levels
 
     never_seen = torch.tensor([-5.0, 7.0, 2.0, 2.0])
     never_seen_ids = torch.tensor([10, 10, 11, 11])  # "was": level 1, deviations -6, +6; a name piece: level 2, none
@@ -339,7 +338,7 @@ def test_the_probe_runs_a_shared_prefix_once_with_the_same_result(monkeypatch):
     from test_start_model_logits import prefixed_examples
 
     from hf_unlearn import forwards
-    from hf_unlearn.objectives.margin import measure_violations
+    from hf_unlearn.objectives.masc.margin import measure_violations
 
     model = make_tiny_model("qwen2").eval()
     calls = []

@@ -18,7 +18,7 @@ from hf_unlearn.objectives import (
     resolve_hyperparameters,
 )
 from hf_unlearn.objectives.classic import rmu_direction
-from hf_unlearn.objectives.masc import rival_kl
+from hf_unlearn.objectives.masc.loss import rival_kl
 
 # One sequence: a prompt token, then a 2-token answer (labels 1 then 2). Position t predicts token t + 1.
 LOGITS = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.5, 0.0, 1.5, -0.5], [0.0, 0.0, 0.0, 0.0]]])
@@ -34,6 +34,7 @@ CONFIG = types.SimpleNamespace(
     competitor_source="self",
     competitor_delta=None,
     masc_rival_kl=0.0,
+    masc_rival_temperature=1.0,
     seed=0,
 )
 
@@ -175,15 +176,17 @@ def test_masc_hinge_matches_a_word_the_prompt_holds_with_the_never_seen_repeated
     assert both_own != pytest.approx(4.0) and FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(both_own)
 
 
-def hand_rival_kl(position: int, target: int, logits: torch.Tensor = LOGITS) -> float:
-    """KL(reference || model) of the two distributions over the tokens other than ``target``, by definition."""
+def hand_rival_kl(position: int, target: int, logits: torch.Tensor = LOGITS, temperature: float = 1.0) -> float:
+    """KL(reference || model) of the two distributions over the tokens other than ``target``, by definition; the
+    reference's logits divided by ``temperature`` first."""
 
     def others(row):
         rest = [v for i, v in enumerate(row) if i != target]
         z = math.log(sum(math.exp(v) for v in rest))
         return [v - z for v in rest]
 
-    p, q = others(REFERENCE[0][position].tolist()), others(logits[0][position].tolist())
+    p = others([v / temperature for v in REFERENCE[0][position].tolist()])
+    q = others(logits[0][position].tolist())
     return sum(math.exp(a) * (a - b) for a, b in zip(p, q))
 
 
@@ -210,6 +213,25 @@ def test_masc_rival_kl_keeps_the_other_tokens_distribution_of_the_start_model():
     for dtype in (torch.float64, torch.bfloat16):  # a float64 model keeps its precision; bf16 logits are upcast
         value = rival_kl(LOGITS[:, :-1].to(dtype), REFERENCE[:, :-1].to(dtype), LABELS[:, 1:]).item()
         assert value == pytest.approx(kl, rel=1e-6 if dtype == torch.float64 else 2e-2)
+
+
+def test_masc_rival_temperature_sharpens_the_start_distribution_the_kl_holds():
+    """masc_rival_temperature (beyond the paper): the KL's target is the start model's distribution over the other
+    tokens at temperature T, by hand; at T = 1 it is the plain rival KL, and a sharper target costs more here."""
+    config = types.SimpleNamespace(**{**vars(CONFIG), "masc_rival_kl": 2.0, "masc_rival_temperature": 0.5})
+    kl = (hand_rival_kl(0, 1, temperature=0.5) + hand_rival_kl(1, 2, temperature=0.5)) / 2
+    plain = (hand_rival_kl(0, 1) + hand_rival_kl(1, 2)) / 2
+    assert kl > plain + 0.05
+    assert run(FORGET_OBJECTIVES, "masc") + 2.0 * kl == pytest.approx(
+        FORGET_OBJECTIVES["masc"].fn(LossInputs(logits=LOGITS, labels=LABELS, config=config,
+                                                reference_logits=REFERENCE)).item(), rel=1e-6)  # fmt: skip
+    assert rival_kl(LOGITS[:, :-1], REFERENCE[:, :-1], LABELS[:, 1:], temperature=0.5).item() == pytest.approx(kl)
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5, float("nan"), float("inf")])
+def test_a_rival_temperature_that_is_not_a_positive_number_is_refused(tmp_path, temperature):
+    with pytest.raises(ValueError, match="masc_rival_temperature must be a finite number > 0"):
+        UnlearnConfig(output_dir=str(tmp_path), report_to="none", masc_rival_temperature=temperature)
 
 
 @pytest.mark.parametrize("weight", [-1.0, float("nan"), float("inf")])

@@ -38,7 +38,7 @@ from hf_unlearn.evaluation.options import (
 from hf_unlearn.evaluation.scoring import bound_from, memorization_from, score_qa_records
 from hf_unlearn.evaluation.suites import evaluate_unlearning
 from hf_unlearn.forwards import prompt_cache_keyword
-from hf_unlearn.objectives.margin import threshold_from_probability
+from hf_unlearn.objectives.masc.margin import threshold_from_probability
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
 

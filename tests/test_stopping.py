@@ -12,13 +12,8 @@ from transformers import TrainerCallback
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset
 from hf_unlearn.data.pairing import pad_examples
 from hf_unlearn.evaluation.membership import membership_auc
-from hf_unlearn.objectives.margin import (
-    NeverSeenLevels,
-    calibration_gap,
-    measure_violations,
-    spread_by_id,
-    token_levels,
-)
+from hf_unlearn.objectives.masc.calibration import NeverSeenLevels, calibration_gap, spread_by_id, token_levels
+from hf_unlearn.objectives.masc.margin import measure_violations
 
 FORGET, RETAIN = forget_set(), retain_set()
 NEVER_SEEN = [make_example(2000 + i) for i in range(8)]
@@ -284,7 +279,7 @@ def test_auto_is_the_min_k_stop_with_calibration_data_and_the_papers_without(tmp
     calibrated hinge with id_spread matching, when there are answers enough to read that AUC to within 0.1 (24 and
     24: 0.084); with fewer (8 and 8: 0.149) the calibration gap, said in a warning; without a calibration set the
     paper's fixed alpha and tau. A value given stays."""
-    from hf_unlearn.training.choices import membership_auc_spread
+    from hf_unlearn.objectives.masc.options import membership_auc_spread
 
     def resolved(forget, calibration, **overrides):
         model = fresh(memorized_llama_state)
@@ -642,7 +637,7 @@ def test_masc_rival_kl_is_on_with_a_calibrated_threshold_and_off_with_the_papers
     """masc_rival_kl=None (the default) resolves to 5 when the threshold is calibrated and to 0 with the paper's
     fixed tau; the start model is kept for it only when it is on (a retain term that needs none: NLL); a given value
     stays as given, and the run record holds the resolved one."""
-    from hf_unlearn.training.choices import DEFAULT_MASC_RIVAL_KL
+    from hf_unlearn.objectives.masc.options import DEFAULT_MASC_RIVAL_KL
 
     def trainer(calibrated, **overrides):
         settings = {"retain_loss": "nll", "max_steps": 2, "masc_rival_kl": None, **overrides}
@@ -723,7 +718,7 @@ def test_the_stops_min_k_scores_the_tokens_the_evaluations_attack_scores(tmp_pat
 def test_start_reference_reads_every_calibration_answer(tmp_path, monkeypatch):
     """calibration_reference='start' measures the calibration set once, so it reads all of it (up to
     START_REFERENCE_SIZE_FACTOR x probe_size); 'current' measures it again during the run, so a probe_size sample."""
-    from hf_unlearn.training import probing
+    from hf_unlearn.objectives.masc import probe as probing
 
     def calibration_inputs(reference):
         trainer = UnlearnTrainer(

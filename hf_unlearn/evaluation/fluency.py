@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.examples import tokenize_qa
-from ..objectives.margin import token_log_probs
+from ..scores import token_log_probs
 from .metrics import (
     default_max_new_tokens,
     generate_answers,

@@ -37,9 +37,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from scipy.stats import mannwhitneyu
 
-from ..objectives.margin import min_k_count, min_k_per_example
+from ..scores import membership_auc, min_k_count, min_k_per_example
 from .metrics import batches, model_device, pad_token_id_of, progress_bar
 
 if TYPE_CHECKING:
@@ -318,16 +317,6 @@ def attack_scores(
     if "min_k_plus_plus" in attacks:
         scores["min_k_plus_plus"] = [min_k_plus_plus(s["log_prob"], s["mean"], s["std"], k) for s in statistics]
     return scores
-
-
-def membership_auc(forget_scores: Sequence[float], holdout_scores: Sequence[float]) -> float:
-    """MUSE's AUC: forget texts labelled 0, holdout texts 1, so ``P(holdout score > forget score) + 1/2 P(tie)`` (the
-    Mann-Whitney U statistic over ``n_forget * n_holdout``). Near 0: the forget set is still recognised; 0.5: no
-    better than chance."""
-    if not forget_scores or not holdout_scores:
-        raise ValueError("membership_auc needs at least one forget score and one holdout score.")
-    statistic = mannwhitneyu(list(holdout_scores), list(forget_scores), alternative="two-sided").statistic
-    return float(statistic) / (len(forget_scores) * len(holdout_scores))
 
 
 #: How far an attack's AUC may sit from the never-trained model's (or from 0.5 without one) and still read the forget

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..data.examples import IGNORE_INDEX, tokenize_qa
-from ..objectives.margin import shift_for_causal_lm
+from ..scores import shift_for_causal_lm
 from .metrics import pad_token_id_of, qa_records, score_teacher_forced
 
 __all__ = [

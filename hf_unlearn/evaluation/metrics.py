@@ -27,12 +27,8 @@ from scipy.stats import hmean, ks_2samp
 from ..data.examples import IGNORE_INDEX, tokenize_prompt, tokenize_qa
 from ..data.pairing import pad_examples
 from ..forwards import accepts_logits_to_keep, answer_logits, cache_keyword, left_padded_positions
-from ..objectives.margin import (
-    exact_reproduction_bound,
-    measure_violations,
-    threshold_from_probability,
-    token_log_probs,
-)
+from ..objectives.masc.margin import exact_reproduction_bound, measure_violations, threshold_from_probability
+from ..scores import token_log_probs
 
 __all__ = [
     "answer_log_probs",

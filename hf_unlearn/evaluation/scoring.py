@@ -8,7 +8,7 @@ score_teacher_forced`) and keeps, per example, what each of them reads:
 * ``log_prob_sum`` and ``count``: the answer tokens' summed log-probability and their number (answer probability,
   truth ratio), reduced in the batch exactly as :func:`~hf_unlearn.evaluation.metrics.answer_log_probs` does;
 * ``predictions`` and ``labels``: the argmax at every answer position but the last (memorisation metrics);
-* ``violations``: with ``k``, the answer tokens whose restricted margin (:func:`hf_unlearn.objectives.margin.
+* ``violations``: with ``k``, the answer tokens whose restricted margin (:func:`hf_unlearn.objectives.masc.margin.
   restricted_margin`, self-competitors, beta 1) is above ``tau``, and their number in ``violation_fraction``;
 * ``token_log_probs`` (when asked): the example's token ids, where its answer starts, and each answer token's
   log-probability, EOS included (the loss, zlib and Min-K% membership attacks);
@@ -32,14 +32,13 @@ from typing import Any
 import torch
 
 from ..data.examples import IGNORE_INDEX, tokenize_qa
-from ..objectives.margin import (
+from ..objectives.masc.margin import (
     exact_reproduction_bound,
     restricted_margin,
-    shift_for_causal_lm,
     threshold_from_probability,
-    token_log_probs,
     violation_fractions,
 )
+from ..scores import shift_for_causal_lm, token_log_probs
 from .metrics import pad_token_id_of, prompt_length, qa_records, score_teacher_forced
 
 

@@ -1,10 +1,11 @@
 """Forget and retain objectives: small pure functions registered by name with what each one needs
-(:mod:`.registry`), and the restricted margin (:mod:`.margin`) that the MASC loss, the stopping rule and the evaluation
-share. Importing the package registers every built-in objective."""
+(:mod:`.registry`), and MASC whole (:mod:`.masc`: its margin, which the evaluation reads too, loss, calibration, probe,
+stopping rule and options). Importing the package registers every built-in objective."""
 
+from ..scores import upcast_half
 from . import classic, masc, recent, retain  # noqa: F401  (registration)
-from .margin import restricted_margin, threshold_from_probability, upcast_half
-from .masc import MASC_PAPER
+from .masc.loss import MASC_PAPER
+from .masc.margin import restricted_margin, threshold_from_probability
 from .registry import (
     CUSTOM_METHOD,
     FORGET_OBJECTIVES,

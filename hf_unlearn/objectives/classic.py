@@ -11,11 +11,7 @@ import torch.nn.functional as F
 from transformers.utils import logging
 
 from ..data.examples import IGNORE_INDEX
-from .margin import (
-    shift_for_causal_lm,
-    token_log_probs,
-    upcast_half,
-)
+from ..scores import shift_for_causal_lm, token_log_probs, upcast_half
 from .registry import (
     LossInputs,
     Paper,

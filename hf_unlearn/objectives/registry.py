@@ -20,9 +20,7 @@ import torch
 from transformers.utils import logging
 
 from ..data.examples import IGNORE_INDEX
-from .margin import (
-    token_log_probs,
-)
+from ..scores import token_log_probs
 
 logger = logging.get_logger(__name__)
 
@@ -40,12 +38,13 @@ class LossInputs:
     number of the objective's units (answer tokens, sequences, attended tokens) in the whole accumulated batch of
     every process; the loss is a sum over this batch divided by it. ``None``: this batch's own count (a plain mean).
     ``calibration_margins`` (only for objectives registered with ``needs_calibration``): the restricted margins of
-    every answer token of the calibration set (data of the same kind the model never trained on), measured under
-    the current model at the last probe; with ``calibration_match='token'``, those of the never-seen answers' own
-    words, and ``calibration_levels`` (a :class:`~hf_unlearn.objectives.margin.NeverSeenLevels`) the ids the forget
-    answers share with them, their mean margins and spread (:func:`~hf_unlearn.objectives.margin.token_levels`), with
-    ``calibration_match='prompt'`` also the sorted margins of the never-seen answers' own words repeated from their
-    prompt. ``input_ids``: the batch's tokens (unshifted).
+    every answer token of the calibration set (data of the same kind the model never trained on), measured under the
+    current model at the last probe; with ``calibration_match='token'``, those of the never-seen answers' own words,
+    and ``calibration_levels`` (a :class:`~hf_unlearn.objectives.masc.calibration.NeverSeenLevels`) the ids the forget
+    answers share with them, their mean margins and spread
+    (:func:`~hf_unlearn.objectives.masc.calibration.token_levels`), with ``calibration_match='prompt'`` also the sorted
+    margins of the never-seen answers' own words repeated from their prompt. ``input_ids``: the batch's tokens
+    (unshifted).
     ``hyperparameters``: the values of the hyperparameters the
     objective declared in its registration, the defaults updated with the user's ``forget_loss_kwargs`` /
     ``retain_loss_kwargs``.
@@ -260,6 +259,13 @@ def objective_hyperparameters(config: Any, part: str) -> dict[str, Any]:
     hyperparameters: what :attr:`LossInputs.hyperparameters` holds, for code outside the loss (a ``prepare`` hook,
     ``initial_state`` / ``update_state``, the run record)."""
     return resolve_objectives(config)[2][part]
+
+
+def check_one_of(config: Any, choices: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
+    """Each ``(field, allowed values)`` of ``choices``: the field's value is one of them."""
+    for name, allowed in choices:
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {getattr(config, name)!r}.")
 
 
 def check_bounds(positive: tuple[str, ...] = (), nonnegative: tuple[str, ...] = ()) -> Callable[[Mapping, str], None]:

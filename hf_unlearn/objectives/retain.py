@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ..data.examples import IGNORE_INDEX
-from .margin import shift_for_causal_lm, upcast_half
-from .masc import MASC_PAPER
+from ..scores import shift_for_causal_lm, upcast_half
+from .masc.loss import MASC_PAPER
 from .registry import LossInputs, Paper, answer_nll, mean_over_items, register_retain_objective, require_answer_tokens
 
 

@@ -22,7 +22,7 @@ import torch
 from ..data.examples import tokenize_qa
 from ..data.pairing import pad_examples
 from ..evaluation.metrics import evaluate_qa, qa_records
-from ..objectives.margin import token_log_probs
+from ..scores import token_log_probs
 
 #: Forget ROUGE-L recall on the measured part that rises this much above the reference's after the same relearning
 #: counts as knowledge coming back.

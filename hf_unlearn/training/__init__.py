@@ -1,29 +1,21 @@
 """Training: :class:`UnlearnConfig`, :class:`UnlearnTrainer` (glue over Trainer) and what it composes: the frozen
-reference (:mod:`.reference`), the probes and kept states (:mod:`.probing`), the stopping and objective-state
-callbacks (:mod:`.callbacks`), the loss logs (:mod:`.loss_tracking`), output folders (:mod:`.output_dir`), memory
-accounting (:mod:`.memory`), and the typed run record (:mod:`.record`, built by :mod:`.record_builder`) with its
-request ledger (:mod:`.ledger`)."""
+reference (:mod:`.reference`), the objective-state and progress callbacks (:mod:`.callbacks`; MASC's probes and stop
+are :mod:`hf_unlearn.objectives.masc`'s, re-exported here), the loss logs (:mod:`.loss_tracking`), output folders
+(:mod:`.output_dir`), memory accounting (:mod:`.memory`), and the typed run record (:mod:`.record`, built by
+:mod:`.record_builder`) with its request ledger (:mod:`.ledger`)."""
 
+from ..objectives.masc.options import MASC_THRESHOLDS, STOP_PROBES, STOP_TARGETS, resolved_for_data
+from ..objectives.masc.probe import ProbeSets, ProbeState, has_dropout
+from ..objectives.masc.stopping import STOPPING_TARGETS, Probe, ViolationStoppingCallback
 from .adapters import is_peft_model
 from .callbacks import (
-    STOPPING_TARGETS,
     ObjectiveStateCallback,
-    Probe,
     QuietProgressCallback,
     RetainPairingCallback,
     StageProgressCallback,
-    ViolationStoppingCallback,
     report_progress_in,
 )
-from .choices import (
-    DEFAULT_REFUSALS,
-    FORGET_SCORINGS,
-    MASC_THRESHOLDS,
-    STOP_PROBES,
-    STOP_TARGETS,
-    resolved_for_data,
-    sharded_surgery_error,
-)
+from .choices import DEFAULT_REFUSALS, FORGET_SCORINGS, sharded_surgery_error
 from .config import UnlearnConfig
 from .ledger import (
     LEDGER_FILE,
@@ -55,11 +47,6 @@ from .output_dir import (
     prepare_output_dir,
     previous_run,
     resolve_resume,
-)
-from .probing import (
-    ProbeSets,
-    ProbeState,
-    has_dropout,
 )
 from .record import (
     RECORD_FILE,

@@ -9,7 +9,8 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import logging
 
-from ..objectives.margin import threshold_from_probability
+from ..deprecated import alias_field, warn_retired
+from ..objectives.masc.options import MascArguments, check_masc, check_retain_guard, check_stopping
 from ..surgery.combine import STRATEGIES
 from .choices import CUSTOM_METHOD, METHODS
 from .config_checks import (
@@ -18,13 +19,9 @@ from .config_checks import (
     check_budget,
     check_forget_scoring,
     check_gradients,
-    check_masc,
     check_method,
-    check_retain_guard,
-    check_stopping,
     complete_budget,
 )
-from .deprecated import alias_field, warn_retired
 from .sharpness import SAM_RHO_HELP
 
 logger = logging.get_logger(__name__)
@@ -41,7 +38,7 @@ def _has_accelerator() -> bool:
 
 
 @dataclass
-class UnlearnConfig(TrainingArguments):
+class UnlearnConfig(MascArguments, TrainingArguments):
     r"""
     Configuration class for [`UnlearnTrainer`].
 
@@ -64,7 +61,10 @@ class UnlearnConfig(TrainingArguments):
     > - `restore_callback_states_from_checkpoint`: `True` instead of `False`, so that resuming restores the
     >   stopping rule's state (probes done, last violation rate, stop step).
 
-    Parameters, by concern (``hf-unlearn run --help`` prints each one's short help):
+    MASC's own parameters (the margin and hinge, the stopping rule, the retain guard) are those of
+    [`~hf_unlearn.objectives.masc.MascArguments`], which this class inherits; its docstring lists them.
+
+    The other parameters, by concern (``hf-unlearn run --help`` prints each one's short help):
 
     > Parameters that choose the method and its objectives
 
@@ -109,99 +109,6 @@ class UnlearnConfig(TrainingArguments):
             moved by rho * g / ||g|| along the forget gradient g (one more forward/backward on each forget batch),
             making the forgetting harder to undo by relearning. 0 (default): off; the paper uses 0.1.
 
-    > Parameters that control MASC's restricted margin and hinge (§3)
-
-        masc_k (`int`, *optional*, defaults to `10`):
-            MASC: number of competitor tokens k in the restricted margin.
-        masc_beta (`float`, *optional*, defaults to `1.0`):
-            MASC: inverse temperature beta of the margin.
-        masc_rho (`float`, *optional*, defaults to `0.5`):
-            MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho)).
-        masc_eta (`float`, *optional*, defaults to `0.5`):
-            MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta.
-        masc_threshold (`str`, *optional*, defaults to `"auto"`):
-            MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. 'calibration':
-            each forget token's counterpart in the trainer's calibration_dataset (never trained on): the never-seen
-            margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': 'calibration' when
-            the trainer has a calibration_dataset, else 'rho'.
-        masc_hinge (`str`, *optional*, defaults to `"two_sided"`):
-            MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down to tau -
-            eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its never-seen
-            counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided.
-        calibration_match (`str`, *optional*, defaults to `"id_spread"`):
-            How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the paper's
-            quantile matching: the never-seen margin at its rank) or 'id_spread' (beyond the paper: a token the
-            never-seen answers use too gets its id's mean never-seen margin plus that id's never-seen spread at its
-            rank; the forget answers' own words are matched by rank to theirs). 'token', 'token_spread' and 'prompt'
-            are deprecated (removed in 0.3; docs/studies/masc_landing.md, "What was tried and failed").
-        competitor_source (`str`, *optional*, defaults to `"self"`):
-            MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
-            model, used for MUSE News).
-        competitor_delta (`float` or `None`, *optional*, defaults to `None`):
-            MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5).
-        masc_rival_kl (`float` or `None`, *optional*, defaults to `None`):
-            MASC (beyond the paper): weight of a KL term that keeps, at every forget answer token, the model's
-            distribution over the *other* tokens (the target left out and the rest renormalised) where the frozen
-            start model has it, so the hinge may lower the forgotten token but not make one frequent rival (a year,
-            a word piece) the answer everywhere. Needs the start model's logits (one more forward of the forget batch).
-            None: 5 with a calibrated threshold (masc_threshold resolved to 'calibration'), 0 with the paper's tau.
-
-    > Parameters that control the stopping rule (§3, and the calibrated target)
-
-        stop_on_violation (`bool` or `None`, *optional*, defaults to `None`):
-            Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True for a method
-            whose objective stops itself (masc), False otherwise (the rate is still logged).
-        stop_target (`str`, *optional*, defaults to `"auto"`):
-            When the run is done: 'alpha' (the forget violation rate <= stop_alpha), 'calibration' (the forget
-            answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples of the
-            same kind: calibration gap <= calibration_slack), 'membership' (beyond the paper: Min-K% AUC of forget
-            against calibration answers >= 0.5 - calibration_auc_slack), or 'auto': 'membership' with a calibration
-            set and answers enough to read its AUC to within 0.1 (about 20 of each; else 'calibration'); else 'alpha'.
-        stop_alpha (`float`, *optional*, defaults to `0.2`):
-            stop_target='alpha': stop once the violation rate of the probe <= alpha.
-        calibration_slack (`float`, *optional*, defaults to `0.5`):
-            stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the forget
-            answers' margins over their never-seen counterparts, see calibration_match) is at most this.
-        calibration_auc_slack (`float` or `None`, *optional*, defaults to `None`):
-            The Min-K% (k 0.4) AUC of the probe's last probe_size forget answers against the calibration answers
-            must reach 0.5 - this for stop_target='membership' to stop (None: 0.05). Beyond the paper. With
-            stop_target='calibration', a second condition of the gap's stop: deprecated (removed in 0.3).
-        probe_interval (`int`, *optional*, defaults to `5`):
-            Measure the violation rate every this many optimizer steps (0 disables probing).
-        stop_probe (`str`, *optional*, defaults to `"train"`):
-            Which forget examples the stopping rule measures: 'train' (a fixed sample of the forget examples being
-            trained on) or 'holdout' (a held-out part of the forget set, never trained on).
-        holdout_fraction (`float` or `None`, *optional*, defaults to `None`):
-            Fraction of the forget set held out of training and probed. Default: 0.1 when stop_probe='holdout', else 0
-            (set it with stop_probe='train' to log both rates).
-        probe_size (`int`, *optional*, defaults to `64`):
-            At most this many forget (and retain) examples are probed each time.
-        hoeffding (`bool`, *optional*, defaults to `False`):
-            Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha.
-        hoeffding_delta (`float`, *optional*, defaults to `0.05`):
-            Confidence level delta of the Hoeffding check, union-bounded over probes.
-        running_probe (`bool`, *optional*, defaults to `True`):
-            Measure the 'train' probe from the forget batches' own forward passes since the last probe, not an extra
-            forward over a fixed sample (that one is used when the model has dropout).
-        retain_probe (`str`, *optional*, defaults to `"screen"`):
-            How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since the last
-            probe; the fixed retain sample is measured at the start and when that reading is under twice the floor, so
-            a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
-        self_stop_max_steps (`int`, *optional*, defaults to `1000`):
-            Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
-            at most this many optimizer steps.
-
-    > Parameters that guard the retain side
-
-        utility_floor (`float` or `None`, *optional*, defaults to `0.25`):
-            Stop as a failure when the retain answer probability at a probe falls below this fraction of its value at
-            the start of training (0 or `None`: off; needs a retain set). The default is meant to catch a collapse, not
-            the transient dip of a large learning rate's first steps (docs/studies/calibrated_target.md).
-        restore_on_failure (`bool`, *optional*, defaults to `True`):
-            When the utility floor stops a run, put back the weights of the last probe above the floor (a copy of the
-            trainable parameters is kept in host memory: small for LoRA, up to two model copies for full fine-tuning,
-            the last certified state and the candidate a retain screen passed).
-
     > Parameters that choose which forget tokens are scored (MASC's MUSE setting)
 
         forget_scoring (`str`, *optional*, defaults to `"answer"`):
@@ -237,7 +144,7 @@ class UnlearnConfig(TrainingArguments):
             Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). Without it, a
             folder holding a run is refused unless you resume it (resume_from_checkpoint).
 
-    > Parameters that are deprecated (removed in 0.3; hf_unlearn.training.deprecated)
+    > Parameters that are deprecated (removed in 0.3; hf_unlearn.deprecated)
 
     Each still works and warns with a FutureWarning naming its replacement. First the options only a study used
     (docs/studies/masc_landing.md, "What was tried and failed"), then the baselines' former flags, deprecated aliases
@@ -368,107 +275,6 @@ class UnlearnConfig(TrainingArguments):
     )
     sam_rho: float = field(default=0.0, metadata={"help": SAM_RHO_HELP})
 
-    # Parameters that control MASC's restricted margin and hinge (§3)
-    masc_k: int = field(default=10, metadata={"help": "MASC: number of competitor tokens k in the restricted margin."})
-    masc_beta: float = field(default=1.0, metadata={"help": "MASC: inverse temperature beta of the margin."})
-    masc_rho: float = field(
-        default=0.5,
-        metadata={"help": "MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho))."},
-    )
-    masc_eta: float = field(
-        default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."}
-    )
-    masc_threshold: str = field(
-        default="auto",
-        metadata={"help": "MASC: the hinge's threshold: 'rho' (the paper's), 'calibration' (never-seen) or 'auto'."},
-    )
-    masc_hinge: str = field(
-        default="two_sided",
-        metadata={"help": "MASC with a calibrated threshold: 'one_sided' (the paper's) or 'two_sided' (beyond it)."},
-    )
-    calibration_match: str = field(
-        default="id_spread",
-        metadata={"help": "How a forget token finds its never-seen match: 'rank' or 'id_spread' (others deprecated)."},
-    )
-    competitor_source: str = field(
-        default="self",
-        metadata={"help": "MASC: who picks the k competitors: 'self' (current model) or 'teacher' (start model)."},
-    )
-    competitor_delta: float | None = field(
-        default=None,
-        metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
-    )
-    masc_rival_kl: float | None = field(
-        default=None,
-        metadata={"help": "MASC (beyond the paper): weight of a KL holding the other tokens' distribution at start."},
-    )
-
-    # Parameters that control the stopping rule (§3, and the calibrated target)
-    stop_on_violation: bool | None = field(
-        default=None,
-        metadata={"help": "Stop once the probe meets the stop target. Default: True for masc, else False."},
-    )
-    stop_target: str = field(
-        default="auto", metadata={"help": "When the run is done: 'alpha', 'calibration', 'membership' or 'auto'."}
-    )
-    stop_alpha: float = field(
-        default=0.2, metadata={"help": "stop_target='alpha': stop once the violation rate of the probe <= alpha."}
-    )
-    calibration_slack: float = field(
-        default=0.5,
-        metadata={"help": "stop_target='calibration': stop once the calibration gap (in logits) is at most this."},
-    )
-    calibration_auc_slack: float | None = field(
-        default=None,
-        metadata={
-            "help": "stop_target='membership': stop at Min-K%% AUC (forget vs calibration) >= 0.5 - this (None: 0.05)."
-        },
-    )
-    probe_interval: int = field(
-        default=5,
-        metadata={"help": "Measure the violation rate every this many optimizer steps (0 disables probing)."},
-    )
-    stop_probe: str = field(
-        default="train", metadata={"help": "Which forget examples the stop measures: 'train' or 'holdout'."}
-    )
-    holdout_fraction: float | None = field(
-        default=None,
-        metadata={"help": "Fraction of the forget set held out and probed (default 0.1 with holdout, else 0)."},
-    )
-    probe_size: int = field(
-        default=64,
-        metadata={"help": "At most this many forget (and retain) examples are probed each time."},
-    )
-    hoeffding: bool = field(
-        default=False,
-        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
-    )
-    hoeffding_delta: float = field(
-        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
-    )
-    running_probe: bool = field(
-        default=True,
-        metadata={"help": "Measure the 'train' probe from the forget batches' own forwards, not an extra forward."},
-    )
-    retain_probe: str = field(
-        default="screen",
-        metadata={"help": "How the utility floor reads retain at a probe: 'screen' or 'every_probe'."},
-    )
-    self_stop_max_steps: int = field(
-        default=1000,
-        metadata={"help": "Budget in optimizer steps of a self-stopping run given neither max_steps nor epochs."},
-    )
-
-    # Parameters that guard the retain side
-    utility_floor: float | None = field(
-        default=0.25,
-        metadata={"help": "Stop as a failure below this fraction of the start's retain probability (0/None: off)."},
-    )
-    restore_on_failure: bool = field(
-        default=True,
-        metadata={"help": "When the utility floor stops a run, put back the last weights above the floor."},
-    )
-
     # Parameters that choose which forget tokens are scored (MASC's MUSE setting)
     forget_scoring: str = field(
         default="answer",
@@ -510,7 +316,7 @@ class UnlearnConfig(TrainingArguments):
         metadata={"help": "Allow output_dir to hold an earlier run (removed first); else refused unless resuming."},
     )
 
-    # Parameters that are deprecated (removed in 0.3): hf_unlearn.training.deprecated. The study options, then the
+    # Parameters that are deprecated (removed in 0.3): hf_unlearn.deprecated. The study options, then the
     # baselines' former flags (deprecated aliases of their objectives' declared hyperparameters).
     calibration_reference: str = field(
         default="start",
@@ -603,12 +409,7 @@ class UnlearnConfig(TrainingArguments):
         check_forget_scoring(self)
         check_baselines(self)
         complete_budget(self)
-        warn_retired(self)  # the study options on their way out (training/deprecated.py)
-
-    @property
-    def masc_tau(self) -> float:
-        """Margin threshold ``tau = log(rho / (1 - rho))`` (MASC §3)."""
-        return threshold_from_probability(self.masc_rho)
+        warn_retired(self)  # the study options on their way out (hf_unlearn/deprecated.py)
 
     @property
     def objectives(self) -> tuple[str, str]:

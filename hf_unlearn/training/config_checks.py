@@ -11,21 +11,9 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ..objectives.margin import COMPETITOR_SOURCES, threshold_from_probability
+from ..objectives.registry import check_one_of
 from ..surgery.combine import STRATEGIES
-from .choices import (
-    CALIBRATION_MATCHES,
-    CALIBRATION_REFERENCES,
-    DEFAULT_REFUSALS,
-    FORGET_SCORINGS,
-    MASC_HINGES,
-    MASC_THRESHOLDS,
-    RETAIN_PROBES,
-    STOP_PROBES,
-    STOP_TARGETS,
-    resolve_method,
-    sharded_surgery_error,
-)
+from .choices import DEFAULT_REFUSALS, FORGET_SCORINGS, resolve_method, sharded_surgery_error
 from .sharpness import check_sam_config
 
 logger = logging.get_logger(__name__)
@@ -39,13 +27,6 @@ def fsdp_version(fsdp_config: Any) -> int:
     if not isinstance(fsdp_config, dict):
         return 2
     return int(fsdp_config.get("version", fsdp_config.get("fsdp_version", 2)))
-
-
-def check_one_of(config: Any, choices: tuple[tuple[str, tuple[str, ...]], ...]) -> None:
-    """Each ``(field, allowed values)`` of ``choices``: the field's value is one of them."""
-    for name, allowed in choices:
-        if getattr(config, name) not in allowed:
-            raise ValueError(f"{name} must be one of {allowed}, got {getattr(config, name)!r}.")
 
 
 def check_backends(config: Any) -> None:
@@ -102,70 +83,6 @@ def check_gradients(config: Any) -> None:
         raise ValueError(
             f"gradient_surgery={config.gradient_surgery!r} combines a forget and a retain gradient, but the "
             "retain objective is 'none'. Set retain_loss='nll' or 'kl', or gradient_surgery='sum'."
-        )
-
-
-def check_masc(config: Any) -> None:
-    """MASC's restricted margin and hinge."""
-    check_one_of(
-        config,
-        (
-            ("competitor_source", COMPETITOR_SOURCES),
-            ("calibration_match", CALIBRATION_MATCHES),
-            ("masc_hinge", MASC_HINGES),
-            ("masc_threshold", MASC_THRESHOLDS),
-        ),
-    )
-    if config.masc_k < 1:
-        raise ValueError(f"masc_k must be at least 1, got {config.masc_k}.")
-    if config.masc_eta <= 0:
-        raise ValueError(f"masc_eta must be positive, got {config.masc_eta}.")
-    weight = config.masc_rival_kl
-    if weight is not None and (not weight >= 0 or weight == float("inf")):  # NaN fails the first test
-        raise ValueError(f"masc_rival_kl must be a finite number >= 0 (0 turns it off) or None, got {weight}.")
-    threshold_from_probability(config.masc_rho)  # validates rho
-
-
-def check_stopping(config: Any) -> None:
-    """The stopping rule and its probes; ``holdout_fraction`` completed (0.1 with ``stop_probe='holdout'``, else 0)."""
-    check_one_of(
-        config,
-        (
-            ("stop_probe", STOP_PROBES),
-            ("calibration_reference", CALIBRATION_REFERENCES),
-            ("retain_probe", RETAIN_PROBES),
-            ("stop_target", STOP_TARGETS),
-        ),
-    )
-    if not 0.0 <= config.stop_alpha <= 1.0:
-        raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {config.stop_alpha}.")
-    if config.calibration_refresh_margin is not None and config.calibration_refresh_margin < 0:
-        raise ValueError(
-            f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
-            f"{config.calibration_refresh_margin}."
-        )
-    if config.calibration_auc_slack is not None and not 0.0 <= config.calibration_auc_slack <= 0.5:
-        raise ValueError(
-            f"calibration_auc_slack is an AUC distance and must be in [0, 0.5], got {config.calibration_auc_slack}."
-        )
-    if config.calibration_refresh_every < 1:
-        raise ValueError(f"calibration_refresh_every must be >= 1, got {config.calibration_refresh_every}.")
-    if config.probe_interval < 0:
-        raise ValueError(f"probe_interval must be >= 0, got {config.probe_interval}.")
-    if config.holdout_fraction is None:
-        config.holdout_fraction = 0.1 if config.stop_probe == "holdout" else 0.0
-    if config.stop_probe == "holdout" and config.holdout_fraction == 0:
-        raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
-    if config.stop_on_violation and config.probe_interval == 0:
-        raise ValueError("stop_on_violation needs probe_interval > 0.")
-
-
-def check_retain_guard(config: Any) -> None:
-    """The utility floor is a fraction of the start's retain probability."""
-    if config.utility_floor is not None and not 0 <= config.utility_floor < 1:
-        raise ValueError(
-            f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "
-            f"{config.utility_floor}."
         )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..objectives.masc.stopping import stop_kind, stop_reason
 from ..objectives.registry import objective_hyperparameters
 from ..surgery import SURGERY_PAPER
 from .record import UnlearnRecord
@@ -93,86 +94,6 @@ def papers(objectives: Sequence[Any], gradient_surgery: str, sam_rho: float = 0.
     if sam_rho:
         result.append(dict(zip(("title", "url", "authors"), SAM_PAPER)))
     return result
-
-
-def stop_kind(stopping: Any, state: Any) -> str | None:
-    """'target', 'utility_floor', 'budget' (all steps ran), 'other' (another callback, an interruption), or None
-    before training."""
-    if stopping.stop_kind is not None:
-        return stopping.stop_kind
-    if state.max_steps and state.global_step >= state.max_steps:
-        return "budget"
-    return None if state.global_step == 0 else "other"
-
-
-def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None) -> str:
-    """Why the run ended, in a sentence the report and the model card quote."""
-    kind = stop_kind(stopping, state)
-    restored = f"; the weights of step {restored_step} were restored" if restored_step is not None else ""
-    last = stopping.history[-1] if stopping.history else {}
-    if kind == "target":
-        if stopping.target == "membership":
-            return (
-                f"target reached: at step {stopping.stop_step} Min-K% told "
-                + (
-                    f"the last {args.probe_size} forget answers trained on"
-                    if args.stop_probe == "train"
-                    else "the held-out forget answers"
-                )
-                + f" from never-seen data no better than AUC {last.get('calibration_min_k_auc', float('nan')):.3f} >= "
-                f"{stopping.threshold(last):g} (calibration gap {last.get('calibration_gap', float('nan')):.3f} "
-                f"logits; violation rate {stopping.last_violation_rate:.3f})"
-            )
-        if stopping.target == "calibration":
-            return (
-                f"target reached: at step {stopping.stop_step} the {args.stop_probe} probe's answers looked no "
-                f"more familiar than never-seen data (calibration gap "
-                f"{last.get('calibration_gap', float('nan')):.3f} <= {stopping.calibration_slack:g} logits"
-                + (
-                    f", Min-K% AUC against them {last['calibration_min_k_auc']:.3f} >= "
-                    f"{0.5 - stopping.calibration_auc_slack:g}"
-                    if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None
-                    else ""
-                )
-                + f"; violation rate {stopping.last_violation_rate:.3f}, never-seen "
-                f"{last.get('violation_rate_calibration', float('nan')):.3f})"
-            )
-        measure = "upper confidence bound of the violation rate" if args.hoeffding else "violation rate"
-        return (
-            f"target reached: the {measure} of the {args.stop_probe} probe fell to alpha = {stopping.alpha:g} at "
-            f"step {stopping.stop_step} (rate {stopping.last_violation_rate:.3f})"
-        )
-    if kind == "utility_floor":
-        return (
-            f"stopped: utility floor. At step {stopping.stop_step} the retain answer probability fell to "
-            f"{last.get('retain_probability', float('nan')):.4g}, under {stopping.utility_floor:g} x its start "
-            f"value {stopping.start_retain_probability:.4g}{restored}"
-        )
-    if kind == "budget":
-        if args.stop_on_violation and args.probe_interval > 0:
-            rate = stopping.last_violation_rate
-            if rate is None:
-                measured = "never probed"
-            elif stopping.target == "calibration" and "calibration_gap" in last:
-                # the statistic the rule compares with its target: the gap, in logits, not the violation rate
-                measured = f"last calibration gap {last['calibration_gap']:.3f} logits, violation rate {rate:.3f}"
-            else:
-                measured = f"last violation rate {rate:.3f}"
-            threshold = last.get("stop_threshold")
-            target = "" if threshold is None or stopping.target == "membership" else f", target {threshold:.3f}"
-            if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None:
-                target += (
-                    f"; Min-K% AUC against never-seen data {last['calibration_min_k_auc']:.3f}, target "
-                    f">= {0.5 - stopping.calibration_auc_slack:g}"
-                )
-            return (
-                f"budget exhausted: all {state.max_steps} steps ran without meeting the stopping rule "
-                f"({measured}{target}){restored}"
-            )
-        return f"budget exhausted: all {state.max_steps} steps ran (no stopping rule){restored}"
-    if kind is None:
-        return "not trained yet"
-    return f"stopped at step {state.global_step} of {state.max_steps} by another callback or an interruption{restored}"
 
 
 def surgery_history(log_history: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

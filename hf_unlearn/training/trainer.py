@@ -1,12 +1,12 @@
 """`UnlearnTrainer`: a `transformers.Trainer` whose train dataset is the data to forget.
 
-Glue only: it pairs forget with retain batches, runs the forwards each registered objective declared it needs,
-and backpropagates the forget part and the retain part separately through Trainer's own ``training_step`` (so
-that gradient surgery gets two gradients). Trainer's training loop, loss scaling, DeepSpeed handling,
-checkpointing, logging, accelerate and PEFT handling are used unchanged. What it composes: the data checks
-(:mod:`hf_unlearn.data.checks`), the frozen reference (:mod:`.reference`), the probes and kept states
-(:mod:`.probing`), the gradient-surgery buffers (:mod:`hf_unlearn.surgery`) and the run record, built by
-:func:`.record_builder.build_record`, which every report reads.
+Glue only: it pairs forget with retain batches, runs the forwards each registered objective declared it needs, and
+backpropagates the forget part and the retain part separately through Trainer's own ``training_step`` (so that gradient
+surgery gets two gradients). Trainer's training loop, loss scaling, DeepSpeed handling, checkpointing, logging,
+accelerate and PEFT handling are used unchanged. What it composes: the data checks (:mod:`hf_unlearn.data.checks`), the
+frozen reference (:mod:`.reference`), MASC's probes and stopping rule (:mod:`hf_unlearn.objectives.masc`), the
+gradient-surgery buffers (:mod:`hf_unlearn.surgery`) and the run record, built by :func:`.record_builder.build_record`,
+which every report reads.
 """
 
 from __future__ import annotations
@@ -34,22 +34,19 @@ from ..data.pairing import (
     window_counts,
 )
 from ..objectives import LossInputs, Objective
+from ..objectives.masc.options import resolved_for_run
+from ..objectives.masc.probe import ProbeSets, ProbeState, calibration_sample_size, runs_from_training_forwards
+from ..objectives.masc.stopping import ViolationStoppingCallback, warn_budget_ended
 from ..objectives.registry import resolve_objectives
 from ..surgery import SurgeryBuffers
 from .adapters import check_causal_lm, is_peft_model, prepare_model
 from .base_model import anchored_base
-from .callbacks import (
-    ObjectiveStateCallback,
-    RetainPairingCallback,
-    ViolationStoppingCallback,
-    advance_objective_states,
-)
-from .choices import check_surgery_backend, resolved_for_data
+from .callbacks import ObjectiveStateCallback, RetainPairingCallback, advance_objective_states
+from .choices import check_surgery_backend
 from .config import UnlearnConfig
 from .ledger import forget_set_fingerprint, load_ledger, loaded_from
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
-from .probing import ProbeSets, ProbeState, calibration_sample_size, runs_from_training_forwards
 from .record import UnlearnRecord, run_datasets
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 from .run_outputs import RunOutputs
@@ -57,13 +54,6 @@ from .sharpness import ForgetSAM
 from .start_model_logits import StartModelLogits, start_model_is_constant
 
 logger = logging.get_logger(__name__)
-
-#: What loosens each stop target, named by the budget-exhausted warning.
-LOOSER_TARGET = {
-    "alpha": "a larger stop_alpha, or a calibration_dataset with stop_target='calibration'",
-    "calibration": "a larger calibration_slack, or a larger calibration_auc_slack when it is set",
-    "membership": "a larger calibration_auc_slack",
-}
 
 PARTS = ("forget", "retain")
 _UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
@@ -126,17 +116,7 @@ class UnlearnTrainer(RunOutputs, Trainer):
             alternate_column=args.alternate_column if self.forget_objective.needs_alternate else None,
             forget_objective=args.objectives[0],
         )
-        sizes = [len(data) if hasattr(data, "__len__") else None for data in (train_dataset, calibration_dataset)]
-        if sizes[1] is not None:
-            sizes[1] = min(sizes[1], calibration_sample_size(args))  # the answers the probes measure
-        args = resolved_for_data(args, calibration_dataset is not None, *sizes)
-        if calibration_dataset is not None and args.masc_threshold == "rho" and args.stop_target == "alpha":
-            logger.warning(
-                "UnlearnTrainer: masc_threshold='rho' with stop_target='alpha' is the MASC paper's mode, which reads "
-                "no never-seen data: the calibration_dataset is not used (stop_target='membership' or "
-                "masc_threshold='calibration' would use it)."
-            )
-            calibration_dataset = None
+        args, calibration_dataset = resolved_for_run(args, train_dataset, calibration_dataset)
         if processing_class is not None:
             ensure_pad_token(processing_class)
         model = self._prepare_model_and_reference(model, args, peft_config, ref_model)
@@ -606,11 +586,7 @@ class UnlearnTrainer(RunOutputs, Trainer):
         self._train_seconds = time.perf_counter() - start
         self.record = self._make_record(final=True)
         if self.record.stop_kind == "budget" and self.record.stopping_rule:
-            logger.warning(
-                f"Unlearning ended without meeting its stopping rule: {self.record.stop_reason}. To let it stop "
-                "itself, give it more steps (max_steps), a larger learning_rate or forget_weight, or a looser "
-                f"target ({LOOSER_TARGET.get(self.args.stop_target, 'stop_alpha')})."
-            )
+            warn_budget_ended(self.record.stop_reason, self.args.stop_target)
         return output
 
     def _load_callback_state(self) -> None:

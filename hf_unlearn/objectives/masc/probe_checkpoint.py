@@ -1,6 +1,6 @@
 """The probe's state between two probes, as a checkpoint holds it: the running sums and forget margins since the last
 probe, the window of forget answers' Min-K% the membership stop reads, and the never-seen margins last measured, so
-that a resumed run takes the decisions the uninterrupted one would have (:class:`~.probing.ProbeState` inherits it)."""
+that a resumed run takes the decisions the uninterrupted one would have (:class:`~.probe.ProbeState` inherits it)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from ..objectives.margin import NeverSeenLevels
+from .calibration import NeverSeenLevels
 
 
 class ProbeCheckpointing:
-    """:meth:`export_running` / :meth:`restore_running` of :class:`~.probing.ProbeState`'s attributes."""
+    """:meth:`export_running` / :meth:`restore_running` of :class:`~.probe.ProbeState`'s attributes."""
 
     args: Any
     running_sums: dict[str, torch.Tensor]

@@ -102,7 +102,7 @@ def alias_field(name: str) -> Any:
 def warn_deprecated(name: str, replacement: str) -> None:
     """The one ``FutureWarning`` of a deprecated option: its name, ``replacement`` and the version that removes it,
     shown at the first caller outside this package (the line that made the config or the trainer)."""
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package = os.path.dirname(os.path.abspath(__file__))  # hf_unlearn/
     frame, level = sys._getframe(0), 1
     while frame is not None and (
         frame.f_code.co_filename.startswith(package) or frame.f_code.co_filename == "<string>"

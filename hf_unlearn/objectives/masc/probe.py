@@ -18,25 +18,18 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
-from ..data.pairing import model_inputs
-from ..evaluation.membership import membership_auc
-from ..objectives.margin import (
-    NeverSeenLevels,
+from ...data.pairing import model_inputs
+from ...scores import (
     answer_probabilities,
-    calibration_gap,
-    exact_reproduction_bound,
     leave_out_final,
-    measure_violations,
+    membership_auc,
     min_k_per_example,
     probabilities_of,
-    prompt_copies,
-    restricted_margin,
     shift_for_causal_lm,
-    spread_by_id,
-    token_levels,
     token_log_probs,
-    violation_fractions,
 )
+from .calibration import NeverSeenLevels, calibration_gap, prompt_copies, spread_by_id, token_levels
+from .margin import exact_reproduction_bound, measure_violations, restricted_margin, violation_fractions
 from .probe_checkpoint import ProbeCheckpointing
 
 logger = logging.get_logger(__name__)

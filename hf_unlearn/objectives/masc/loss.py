@@ -9,22 +9,16 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
-from ..data.examples import IGNORE_INDEX
-from .margin import (
-    NeverSeenLevels,
-    masc_hinge,
-    matched_thresholds,
-    prompt_copies,
-    restricted_margin,
-    shift_for_causal_lm,
-    upcast_half,
-)
-from .registry import (
+from ...data.examples import IGNORE_INDEX
+from ...scores import shift_for_causal_lm, upcast_half
+from ..registry import (
     LossInputs,
     Paper,
     model_vocab_size,
     register_forget_objective,
 )
+from .calibration import NeverSeenLevels, matched_thresholds, prompt_copies
+from .margin import masc_hinge, restricted_margin
 
 logger = logging.get_logger(__name__)
 
@@ -61,6 +55,10 @@ def masc_beyond_paper(config: Any) -> tuple[str, ...]:
         departures.append(
             f"masc_rival_kl={config.masc_rival_kl:g}: a KL holds the start model's distribution over the other tokens"
         )
+        if config.masc_rival_temperature != 1:
+            departures.append(
+                f"masc_rival_temperature={config.masc_rival_temperature:g}: that distribution sharpened (logits / T)"
+            )
     return tuple(departures)
 
 
@@ -79,6 +77,7 @@ def masc_beyond_paper(config: Any) -> tuple[str, ...]:
         "competitor_source",
         "competitor_delta",
         "masc_rival_kl",
+        "masc_rival_temperature",
     ),
     prepare=_check_masc_k,
     needs_calibration=lambda config: config.masc_threshold == "calibration",
@@ -92,16 +91,16 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
 
     The threshold is tau = log(rho / (1 - rho)) for every token (the paper), or with ``masc_threshold=
     "calibration"`` (beyond the paper) each token's never-seen counterpart: the calibration set's margin at the
-    token's rank among the batch's forget tokens (:func:`~hf_unlearn.objectives.margin.calibrated_thresholds`), so the
+    token's rank among the batch's forget tokens (:func:`~.calibration.calibrated_thresholds`), so the
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
     ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
     ``calibration_match="token"`` (beyond the paper) a token the never-seen answers also use is held to that
     token's own never-seen level (``"token_spread"``: matched with the never-seen spread around it too,
     ``"id_spread"``: with the spread of its own id;
-    :func:`~hf_unlearn.objectives.margin.matched_thresholds`); with
+    :func:`~.calibration.matched_thresholds`); with
     ``calibration_match="prompt"`` (beyond the paper) an answer's own word that its question holds too
     (the author's name) is matched with the never-seen answers' words repeated from their questions
-    (:func:`~hf_unlearn.objectives.margin.prompt_copies`).
+    (:func:`~.calibration.prompt_copies`).
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
@@ -129,7 +128,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     loss = masc_hinge(result, tau=tau, eta=config.masc_eta, num_items=inputs.num_items, two_sided=two_sided)
     if (config.masc_rival_kl or 0) > 0:
         reference, _ = shift_for_causal_lm(inputs.reference_logits, inputs.labels)
-        loss = loss + config.masc_rival_kl * rival_kl(logits, reference, labels, inputs.num_items)
+        kl = rival_kl(logits, reference, labels, inputs.num_items, temperature=config.masc_rival_temperature)
+        loss = loss + config.masc_rival_kl * kl
     return loss
 
 
@@ -138,16 +138,20 @@ def rival_kl(
     reference_logits: torch.Tensor,
     labels: torch.Tensor,
     num_items: torch.Tensor | float | None = None,
+    temperature: float = 1.0,
 ) -> torch.Tensor:
     """KL(start model || model) of the distribution over the tokens *other than the answer token*, at each answer
-    token (aligned ``logits``/``labels``, as :func:`~hf_unlearn.objectives.margin.shift_for_causal_lm` returns them),
+    token (aligned ``logits``/``labels``, as :func:`~hf_unlearn.scores.shift_for_causal_lm` returns them),
     summed and divided by ``num_items`` (else by this batch's answer tokens). Beyond the MASC paper: the hinge
     decides how far the forgotten token falls; this term decides what takes its place, the alternatives the start
-    model had there (another name, another profession) rather than a rival the hinge raised at every position."""
+    model had there (another name, another profession) rather than a rival the hinge raised at every position. With
+    ``temperature`` below 1 the start model's distribution is sharpened first (its logits divided by it): the
+    replacement is then as confident as a model that never saw the answer, not as uncertain as the leftover mass of
+    one that memorised it (docs/studies/attack_landing.md)."""
     mask = labels != IGNORE_INDEX
     targets = labels[mask]
     student = upcast_half(logits[mask])
-    teacher = upcast_half(reference_logits[mask].detach())
+    teacher = upcast_half(reference_logits[mask].detach()) / temperature
     student = student.scatter(-1, targets.unsqueeze(-1), float("-inf"))
     teacher = teacher.scatter(-1, targets.unsqueeze(-1), float("-inf"))
     student_log = torch.log_softmax(student, dim=-1)
@@ -162,7 +166,7 @@ def gathered_across_processes(
 ) -> tuple[list[torch.Tensor | None], slice]:
     """Per-token 1-D tensors of every data-parallel process, concatenated in rank order, and the slice of them that is
     this process's. Under DDP, FSDP or ZeRO each process holds part of the micro-batch, and a rank-matched threshold
-    (:func:`~hf_unlearn.objectives.margin.matched_thresholds`) is a token's rank among every token of the call: ranked
+    (:func:`~.calibration.matched_thresholds`) is a token's rank among every token of the call: ranked
     among the whole micro-batch's tokens, the thresholds are those of one process on the same batch (tested). A
     ``None`` stays ``None``; every process must call this (the loss runs in lockstep)."""
     count = 0 if per_token[0] is None else per_token[0].numel()

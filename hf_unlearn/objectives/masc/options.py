@@ -1,0 +1,412 @@
+"""MASC's options: the fields of :class:`MascArguments` (which :class:`~hf_unlearn.UnlearnConfig` inherits), the
+values each may take, their checks, and how ``'auto'`` resolves for the data a trainer got. The paper's mode and ours
+are two whole settings: ``masc_threshold='rho'`` reads no calibration set anywhere (its stop is the violation rate,
+arXiv 2606.02920 §3); with a calibration set, ``'auto'`` takes ours (each token's threshold and the stop from
+never-seen data, listed by :func:`~.loss.masc_beyond_paper`)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers.utils import logging
+
+from ...deprecated import warn_auc_slack_with_gap
+from ..registry import check_one_of
+from .margin import COMPETITOR_SOURCES, threshold_from_probability
+from .probe import calibration_sample_size
+from .stopping import DEFAULT_MEMBERSHIP_AUC_SLACK
+
+logger = logging.get_logger(__name__)
+
+STOP_PROBES = ("train", "holdout")
+STOP_TARGETS = ("auto", "alpha", "calibration", "membership")
+MASC_THRESHOLDS = ("auto", "rho", "calibration")
+MASC_HINGES = ("one_sided", "two_sided")
+CALIBRATION_MATCHES = ("rank", "token", "prompt", "token_spread", "id_spread")
+RETAIN_PROBES = ("screen", "every_probe")
+CALIBRATION_REFERENCES = ("start", "current")
+
+
+@dataclass
+class MascArguments:
+    r"""
+    MASC's parameters, a part of [`~hf_unlearn.UnlearnConfig`] (which inherits them, so they come first among its
+    own fields). The defaults follow the TOFU / Qwen2.5 row of the MASC paper (Di Gennaro et al., arXiv 2606.02920:
+    rho 0.5, eta 0.5, k 10 self-competitors, beta 1); what goes beyond the paper says so.
+
+    Parameters:
+
+    > Parameters that control MASC's restricted margin and hinge (§3)
+
+        masc_k (`int`, *optional*, defaults to `10`):
+            MASC: number of competitor tokens k in the restricted margin.
+        masc_beta (`float`, *optional*, defaults to `1.0`):
+            MASC: inverse temperature beta of the margin.
+        masc_rho (`float`, *optional*, defaults to `0.5`):
+            MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho)).
+        masc_eta (`float`, *optional*, defaults to `0.5`):
+            MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta.
+        masc_threshold (`str`, *optional*, defaults to `"auto"`):
+            MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. 'calibration':
+            each forget token's counterpart in the trainer's calibration_dataset (never trained on): the never-seen
+            margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': 'calibration' when
+            the trainer has a calibration_dataset, else 'rho'.
+        masc_hinge (`str`, *optional*, defaults to `"two_sided"`):
+            MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down to tau -
+            eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its never-seen
+            counterpart and one that fell below it is pulled back). With 'rho' the hinge is one-sided.
+        calibration_match (`str`, *optional*, defaults to `"id_spread"`):
+            How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the paper's
+            quantile matching: the never-seen margin at its rank) or 'id_spread' (beyond the paper: a token the
+            never-seen answers use too gets its id's mean never-seen margin plus that id's never-seen spread at its
+            rank; the forget answers' own words are matched by rank to theirs). 'token', 'token_spread' and 'prompt'
+            are deprecated (removed in 0.3; docs/studies/masc_landing.md, "What was tried and failed").
+        competitor_source (`str`, *optional*, defaults to `"self"`):
+            MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
+            model, used for MUSE News).
+        competitor_delta (`float` or `None`, *optional*, defaults to `None`):
+            MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5).
+        masc_rival_kl (`float` or `None`, *optional*, defaults to `None`):
+            MASC (beyond the paper): weight of a KL term that keeps, at every forget answer token, the model's
+            distribution over the *other* tokens (the target left out and the rest renormalised) where the frozen
+            start model has it, so the hinge may lower the forgotten token but not make one frequent rival (a year,
+            a word piece) the answer everywhere. Needs the start model's logits (one more forward of the forget batch).
+            None: 5 with a calibrated threshold (masc_threshold resolved to 'calibration'), 0 with the paper's tau.
+        masc_rival_temperature (`float`, *optional*, defaults to `1.0`):
+            MASC (beyond the paper), with masc_rival_kl: the temperature of the start model's distribution over the
+            other tokens that the KL holds the model to. Below 1 it is sharper, so that what takes the forgotten
+            token's place is as confident as a model that never saw the answer is at that position, not as
+            uncertain as the start model's leftover mass (docs/studies/attack_landing.md).
+
+    > Parameters that control the stopping rule (§3, and the calibrated target)
+
+        stop_on_violation (`bool` or `None`, *optional*, defaults to `None`):
+            Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True for a method
+            whose objective stops itself (masc), False otherwise (the rate is still logged).
+        stop_target (`str`, *optional*, defaults to `"auto"`):
+            When the run is done: 'alpha' (the forget violation rate <= stop_alpha), 'calibration' (the forget
+            answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples of the
+            same kind: calibration gap <= calibration_slack), 'membership' (beyond the paper: Min-K% AUC of forget
+            against calibration answers >= 0.5 - calibration_auc_slack), or 'auto': 'membership' with a calibration
+            set and answers enough to read its AUC to within 0.1 (about 20 of each; else 'calibration'); else 'alpha'.
+        stop_alpha (`float`, *optional*, defaults to `0.2`):
+            stop_target='alpha': stop once the violation rate of the probe <= alpha.
+        calibration_slack (`float`, *optional*, defaults to `0.5`):
+            stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the forget
+            answers' margins over their never-seen counterparts, see calibration_match) is at most this.
+        calibration_auc_slack (`float` or `None`, *optional*, defaults to `None`):
+            The Min-K% (k 0.4) AUC of the probe's last probe_size forget answers against the calibration answers
+            must reach 0.5 - this for stop_target='membership' to stop (None: 0.05). Beyond the paper. With
+            stop_target='calibration', a second condition of the gap's stop: deprecated (removed in 0.3).
+        probe_interval (`int`, *optional*, defaults to `5`):
+            Measure the violation rate every this many optimizer steps (0 disables probing).
+        stop_probe (`str`, *optional*, defaults to `"train"`):
+            Which forget examples the stopping rule measures: 'train' (a fixed sample of the forget examples being
+            trained on) or 'holdout' (a held-out part of the forget set, never trained on).
+        holdout_fraction (`float` or `None`, *optional*, defaults to `None`):
+            Fraction of the forget set held out of training and probed. Default: 0.1 when stop_probe='holdout', else 0
+            (set it with stop_probe='train' to log both rates).
+        probe_size (`int`, *optional*, defaults to `64`):
+            At most this many forget (and retain) examples are probed each time.
+        hoeffding (`bool`, *optional*, defaults to `False`):
+            Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha.
+        hoeffding_delta (`float`, *optional*, defaults to `0.05`):
+            Confidence level delta of the Hoeffding check, union-bounded over probes.
+        running_probe (`bool`, *optional*, defaults to `True`):
+            Measure the 'train' probe from the forget batches' own forward passes since the last probe, not an extra
+            forward over a fixed sample (that one is used when the model has dropout).
+        retain_probe (`str`, *optional*, defaults to `"screen"`):
+            How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since the last
+            probe; the fixed retain sample is measured at the start and when that reading is under twice the floor, so
+            a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
+        self_stop_max_steps (`int`, *optional*, defaults to `1000`):
+            Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
+            at most this many optimizer steps.
+
+    > Parameters that guard the retain side
+
+        utility_floor (`float` or `None`, *optional*, defaults to `0.25`):
+            Stop as a failure when the retain answer probability at a probe falls below this fraction of its value at
+            the start of training (0 or `None`: off; needs a retain set). The default is meant to catch a collapse, not
+            the transient dip of a large learning rate's first steps (docs/studies/calibrated_target.md).
+        restore_on_failure (`bool`, *optional*, defaults to `True`):
+            When the utility floor stops a run, put back the weights of the last probe above the floor (a copy of the
+            trainable parameters is kept in host memory: small for LoRA, up to two model copies for full fine-tuning,
+            the last certified state and the candidate a retain screen passed).
+    """
+
+    # Parameters that control MASC's restricted margin and hinge (§3)
+    masc_k: int = field(default=10, metadata={"help": "MASC: number of competitor tokens k in the restricted margin."})
+    masc_beta: float = field(default=1.0, metadata={"help": "MASC: inverse temperature beta of the margin."})
+    masc_rho: float = field(
+        default=0.5,
+        metadata={"help": "MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho))."},
+    )
+    masc_eta: float = field(
+        default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."}
+    )
+    masc_threshold: str = field(
+        default="auto",
+        metadata={"help": "MASC: the hinge's threshold: 'rho' (the paper's), 'calibration' (never-seen) or 'auto'."},
+    )
+    masc_hinge: str = field(
+        default="two_sided",
+        metadata={"help": "MASC with a calibrated threshold: 'one_sided' (the paper's) or 'two_sided' (beyond it)."},
+    )
+    calibration_match: str = field(
+        default="id_spread",
+        metadata={"help": "How a forget token finds its never-seen match: 'rank' or 'id_spread' (others deprecated)."},
+    )
+    competitor_source: str = field(
+        default="self",
+        metadata={"help": "MASC: who picks the k competitors: 'self' (current model) or 'teacher' (start model)."},
+    )
+    competitor_delta: float | None = field(
+        default=None,
+        metadata={"help": "MASC, teacher source: keep only competitors within delta logits of the best (e.g. 0.5)."},
+    )
+    masc_rival_kl: float | None = field(
+        default=None,
+        metadata={"help": "MASC (beyond the paper): weight of a KL holding the other tokens' distribution at start."},
+    )
+    masc_rival_temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "MASC (beyond the paper): temperature of the start distribution the rival KL holds (<1: sharper)."
+        },
+    )
+
+    # Parameters that control the stopping rule (§3, and the calibrated target)
+    stop_on_violation: bool | None = field(
+        default=None,
+        metadata={"help": "Stop once the probe meets the stop target. Default: True for masc, else False."},
+    )
+    stop_target: str = field(
+        default="auto", metadata={"help": "When the run is done: 'alpha', 'calibration', 'membership' or 'auto'."}
+    )
+    stop_alpha: float = field(
+        default=0.2, metadata={"help": "stop_target='alpha': stop once the violation rate of the probe <= alpha."}
+    )
+    calibration_slack: float = field(
+        default=0.5,
+        metadata={"help": "stop_target='calibration': stop once the calibration gap (in logits) is at most this."},
+    )
+    calibration_auc_slack: float | None = field(
+        default=None,
+        metadata={
+            "help": "stop_target='membership': stop at Min-K%% AUC (forget vs calibration) >= 0.5 - this (None: 0.05)."
+        },
+    )
+    probe_interval: int = field(
+        default=5,
+        metadata={"help": "Measure the violation rate every this many optimizer steps (0 disables probing)."},
+    )
+    stop_probe: str = field(
+        default="train", metadata={"help": "Which forget examples the stop measures: 'train' or 'holdout'."}
+    )
+    holdout_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Fraction of the forget set held out and probed (default 0.1 with holdout, else 0)."},
+    )
+    probe_size: int = field(
+        default=64,
+        metadata={"help": "At most this many forget (and retain) examples are probed each time."},
+    )
+    hoeffding: bool = field(
+        default=False,
+        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
+    )
+    hoeffding_delta: float = field(
+        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
+    )
+    running_probe: bool = field(
+        default=True,
+        metadata={"help": "Measure the 'train' probe from the forget batches' own forwards, not an extra forward."},
+    )
+    retain_probe: str = field(
+        default="screen",
+        metadata={"help": "How the utility floor reads retain at a probe: 'screen' or 'every_probe'."},
+    )
+    self_stop_max_steps: int = field(
+        default=1000,
+        metadata={"help": "Budget in optimizer steps of a self-stopping run given neither max_steps nor epochs."},
+    )
+
+    # Parameters that guard the retain side
+    utility_floor: float | None = field(
+        default=0.25,
+        metadata={"help": "Stop as a failure below this fraction of the start's retain probability (0/None: off)."},
+    )
+    restore_on_failure: bool = field(
+        default=True,
+        metadata={"help": "When the utility floor stops a run, put back the last weights above the floor."},
+    )
+
+    @property
+    def masc_tau(self) -> float:
+        """Margin threshold ``tau = log(rho / (1 - rho))`` (MASC §3)."""
+        return threshold_from_probability(self.masc_rho)
+
+
+#: ``masc_rival_kl``'s weight with a calibrated threshold: 5 and 10 land the demo on 3 of 3 seeds (3 on 2, 20 and 30 do
+#: not stop within the budget); with the Min-K% stop, 5 is the weight that landed TOFU (docs/studies/masc_landing.md,
+#: sections 4 and 13-15).
+DEFAULT_MASC_RIVAL_KL = 5.0
+
+
+#: What ``'auto'`` resolves to with a calibration set: the Min-K% stop (beyond the paper), measured against the
+#: calibration gap's stop in docs/studies/masc_landing.md sections 12-15.
+AUTO_TARGETS = {"stop_target": "membership", "masc_threshold": "calibration"}
+
+
+#: 'auto' takes the Min-K% stop only when its AUC can be read to within the never-trained region's tolerance (0.1):
+#: with fewer answers (one author's five, a user's ten facts) the gap decides (docs/studies/masc_landing.md, 15).
+MEMBERSHIP_AUC_MAX_SPREAD = 0.1
+
+
+def membership_auc_spread(forget_size: int, calibration_size: int) -> float:
+    """The standard deviation of an AUC between ``forget_size`` and ``calibration_size`` scores drawn from one
+    distribution (Hanley & McNeil 1982, at AUC 0.5): how finely the Min-K% stop can read 'never seen' at all."""
+    return math.sqrt((forget_size + calibration_size + 1) / (12 * forget_size * calibration_size))
+
+
+def resolved_for_data(
+    args: Any, has_calibration: bool, forget_size: int | None = None, calibration_size: int | None = None
+) -> Any:
+    """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
+    'membership' / 'calibration' with a calibration set, else 'alpha' / 'rho'; the stop is the gap, 'calibration',
+    when ``forget_size`` forget and ``calibration_size`` calibration answers read an AUC no finer than
+    :data:`MEMBERSHIP_AUC_MAX_SPREAD`), and ``masc_rival_kl`` and ``calibration_auc_slack`` for them; the caller's
+    config is left as it was, so it can be reused for another run with other data. 'calibration' or 'membership'
+    without a calibration set is refused."""
+    if args.stop_target in ("calibration", "membership") and not has_calibration:
+        raise ValueError(
+            f"stop_target={args.stop_target!r} compares the forget set with data the model never trained on: pass "
+            "calibration_dataset=... (same kind of examples, tokenized the same way), or stop_target='alpha'."
+        )
+    if args.masc_threshold == "calibration" and not has_calibration:
+        raise ValueError(
+            "masc_threshold='calibration' takes each token's threshold from data the model never trained on: "
+            "pass calibration_dataset=..., or masc_threshold='rho'."
+        )
+    resolved = copy.copy(args)
+    spread = membership_auc_spread(forget_size, calibration_size) if forget_size and calibration_size else 0.0
+    too_few = spread > MEMBERSHIP_AUC_MAX_SPREAD
+    # The paper's threshold asked for by name is the paper's mode, whole: its stop is the violation rate too, and
+    # it reads no calibration set (arXiv 2606.02920 §3).
+    paper_mode = args.masc_threshold == "rho"
+    for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
+        if getattr(args, name) == "auto":
+            calibrated = "calibration" if name == "stop_target" and too_few else AUTO_TARGETS[name]
+            setattr(resolved, name, calibrated if has_calibration and not paper_mode else plain)
+            logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
+    if args.stop_target == "auto" and has_calibration and too_few and not paper_mode:
+        logger.warning(
+            f"UnlearnTrainer: stop_target='auto' resolved to 'calibration' (the calibration gap), not the Min-K% stop "
+            f"('membership'): {forget_size} forget and {calibration_size} calibration answers read its AUC only to "
+            f"±{spread:.2f}, wider than {MEMBERSHIP_AUC_MAX_SPREAD}. More of either (or stop_target='membership') "
+            "changes that."
+        )
+    if resolved.stop_target == "calibration" and args.stop_target == "auto" and args.calibration_auc_slack is not None:
+        warn_auc_slack_with_gap()  # 'auto' took the gap: the slack becomes its retired second condition
+    if resolved.stop_target == "membership" and args.calibration_auc_slack is None:
+        resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
+        logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")
+    if args.masc_rival_kl is None:
+        # Measured with the calibrated threshold only (docs/studies/masc_landing.md, section 4); the paper's fixed tau
+        # pushes every margin below it, which the KL slows by far (the paper's mode stays the paper's).
+        resolved.masc_rival_kl = DEFAULT_MASC_RIVAL_KL if resolved.masc_threshold == "calibration" else 0.0
+        if resolved.objectives[0] == "masc":
+            logger.info(f"UnlearnTrainer: masc_rival_kl=None resolved to {resolved.masc_rival_kl}.")
+    return resolved
+
+
+def check_masc(config: Any) -> None:
+    """MASC's restricted margin and hinge."""
+    check_one_of(
+        config,
+        (
+            ("competitor_source", COMPETITOR_SOURCES),
+            ("calibration_match", CALIBRATION_MATCHES),
+            ("masc_hinge", MASC_HINGES),
+            ("masc_threshold", MASC_THRESHOLDS),
+        ),
+    )
+    if config.masc_k < 1:
+        raise ValueError(f"masc_k must be at least 1, got {config.masc_k}.")
+    if config.masc_eta <= 0:
+        raise ValueError(f"masc_eta must be positive, got {config.masc_eta}.")
+    weight = config.masc_rival_kl
+    if weight is not None and (not weight >= 0 or weight == float("inf")):  # NaN fails the first test
+        raise ValueError(f"masc_rival_kl must be a finite number >= 0 (0 turns it off) or None, got {weight}.")
+    temperature = config.masc_rival_temperature
+    if not 0 < temperature < float("inf"):  # NaN fails it too
+        raise ValueError(
+            f"masc_rival_temperature must be a finite number > 0 (1: the start model's), got {temperature}."
+        )
+    threshold_from_probability(config.masc_rho)  # validates rho
+
+
+def check_stopping(config: Any) -> None:
+    """The stopping rule and its probes; ``holdout_fraction`` completed (0.1 with ``stop_probe='holdout'``, else 0)."""
+    check_one_of(
+        config,
+        (
+            ("stop_probe", STOP_PROBES),
+            ("calibration_reference", CALIBRATION_REFERENCES),
+            ("retain_probe", RETAIN_PROBES),
+            ("stop_target", STOP_TARGETS),
+        ),
+    )
+    if not 0.0 <= config.stop_alpha <= 1.0:
+        raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {config.stop_alpha}.")
+    if config.calibration_refresh_margin is not None and config.calibration_refresh_margin < 0:
+        raise ValueError(
+            f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
+            f"{config.calibration_refresh_margin}."
+        )
+    if config.calibration_auc_slack is not None and not 0.0 <= config.calibration_auc_slack <= 0.5:
+        raise ValueError(
+            f"calibration_auc_slack is an AUC distance and must be in [0, 0.5], got {config.calibration_auc_slack}."
+        )
+    if config.calibration_refresh_every < 1:
+        raise ValueError(f"calibration_refresh_every must be >= 1, got {config.calibration_refresh_every}.")
+    if config.probe_interval < 0:
+        raise ValueError(f"probe_interval must be >= 0, got {config.probe_interval}.")
+    if config.holdout_fraction is None:
+        config.holdout_fraction = 0.1 if config.stop_probe == "holdout" else 0.0
+    if config.stop_probe == "holdout" and config.holdout_fraction == 0:
+        raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
+    if config.stop_on_violation and config.probe_interval == 0:
+        raise ValueError("stop_on_violation needs probe_interval > 0.")
+
+
+def check_retain_guard(config: Any) -> None:
+    """The utility floor is a fraction of the start's retain probability."""
+    if config.utility_floor is not None and not 0 <= config.utility_floor < 1:
+        raise ValueError(
+            f"utility_floor is a fraction of the start's retain probability and must be in [0, 1), got "
+            f"{config.utility_floor}."
+        )
+
+
+def resolved_for_run(args: Any, forget: Any, calibration: Any) -> tuple[Any, Any]:
+    """``args`` resolved for a trainer's ``forget`` and ``calibration`` data (:func:`resolved_for_data`, reading as
+    many calibration answers as the probes measure), and the calibration data the run uses: none in the paper's
+    mode (``masc_threshold='rho'`` with the violation-rate stop), which reads no never-seen data (arXiv 2606.02920
+    §3)."""
+    sizes = [len(data) if hasattr(data, "__len__") else None for data in (forget, calibration)]
+    if sizes[1] is not None:
+        sizes[1] = min(sizes[1], calibration_sample_size(args))  # the answers the probes measure
+    args = resolved_for_data(args, calibration is not None, *sizes)
+    if calibration is not None and args.masc_threshold == "rho" and args.stop_target == "alpha":
+        logger.warning(
+            "UnlearnTrainer: masc_threshold='rho' with stop_target='alpha' is the MASC paper's mode, which reads "
+            "no never-seen data: the calibration_dataset is not used (stop_target='membership' or "
+            "masc_threshold='calibration' would use it)."
+        )
+        calibration = None
+    return args, calibration

@@ -1,0 +1,109 @@
+"""Token-level scores of a causal LM's logits, read by the objectives, MASC's stop and the evaluation alike: each
+answer token's log-probability after the causal shift, Min-K% Prob (Shi et al. 2024, arXiv 2310.16789), TOFU's
+answer probability, and MUSE's membership AUC over two sets of scores."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from scipy.stats import mannwhitneyu
+
+from .data.examples import IGNORE_INDEX
+
+
+def upcast_half(values: torch.Tensor) -> torch.Tensor:
+    """Half-precision values in float32, anything wider as it is: the reference code upcasts bf16/fp16 logits before
+    a softmax or margin (bf16 margins of logits around 20-40 are off by up to 0.15), and a float64 model keeps its
+    precision (``.float()`` would round it down to float32)."""
+    return values.float() if values.dtype in (torch.float16, torch.bfloat16) else values
+
+
+def shift_for_causal_lm(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Align causal-LM logits with the tokens they predict: position t scores token t + 1."""
+    return logits[..., :-1, :], labels[..., 1:]
+
+
+def token_log_probs(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of each answer token (at least float32) and the answer-token mask, after the causal shift.
+
+    ``logits`` (B, T, V) and ``labels`` (B, T) as the model returns and takes them; positions whose shifted label
+    is ``-100`` get 0 and are False in the mask.
+    """
+    logits, labels = shift_for_causal_lm(logits, labels)
+    mask = labels != IGNORE_INDEX
+    log_probs = -F.cross_entropy(upcast_half(logits.transpose(1, 2)), labels.masked_fill(~mask, 0), reduction="none")
+    return log_probs * mask, mask
+
+
+def min_k_count(n: int, k: float) -> int:
+    """MUSE's number of lowest tokens, ``int(k * n)``, and at least one (short answers would otherwise score none)."""
+    return max(1, int(k * n))
+
+
+def min_k_per_example(log_probs: torch.Tensor, mask: torch.Tensor, k: float = 0.4) -> torch.Tensor:
+    """Min-K% Prob of each row (Shi et al. 2024, arXiv 2310.16789, §3): the mean of the lowest :func:`min_k_count`
+    of its scored token log-probabilities (``log_probs`` and ``mask`` as :func:`token_log_probs` returns them), NaN
+    for a row that scores nothing; higher means "more likely seen in training". What the calibrated stop reads of
+    forget and never-seen answers, as the evaluation's membership attack reads them."""
+    rows = []
+    for row, scored in zip(log_probs.double(), mask, strict=True):
+        values = row[scored]
+        count = min_k_count(values.numel(), k)
+        lowest = torch.topk(values, count, largest=False).values.mean() if values.numel() else row.new_tensor(math.nan)
+        rows.append(lowest)
+    return torch.stack(rows) if rows else log_probs.new_zeros(0, dtype=torch.float64)
+
+
+def leave_out_final(mask: torch.Tensor, labels: torch.Tensor, token_id: int | None) -> torch.Tensor:
+    """``mask`` (B, T) without each row's last scored position where ``labels`` holds ``token_id`` there (None: as
+    given). With the EOS id: the answer tokens the evaluation's membership attack scores, which reads the completion
+    as :func:`~hf_unlearn.data.prompts.prompt_and_completion` gives it, without the EOS that
+    :func:`~hf_unlearn.data.tokenize_qa` (and ``tokenize_text``) append for training."""
+    if token_id is None or not bool(mask.any()):
+        return mask
+    positions = torch.arange(mask.shape[-1], device=mask.device)
+    last = torch.where(mask, positions, -1).amax(dim=-1)
+    rows = torch.arange(mask.shape[0], device=mask.device)
+    final = (last >= 0) & (labels[rows, last.clamp(min=0)] == token_id)
+    kept = mask.clone()
+    kept[rows[final], last[final]] = False
+    return kept
+
+
+def answer_probabilities(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example of a batch: TOFU's answer probability exp(mean answer-token log-probability), 0 where nothing is
+    scored, and 1.0 / 0.0 for whether anything is."""
+    return probabilities_of(*token_log_probs(logits.detach(), labels))
+
+
+def probabilities_of(log_probs: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`answer_probabilities` from the token log-probabilities and mask :func:`token_log_probs` returned."""
+    lengths = mask.sum(-1)
+    scored = (lengths > 0).float()
+    return torch.exp(log_probs.sum(-1) / lengths.clamp(min=1)) * scored, scored
+
+
+def membership_auc(forget_scores: Sequence[float], holdout_scores: Sequence[float]) -> float:
+    """MUSE's AUC: forget texts labelled 0, holdout texts 1, so ``P(holdout score > forget score) + 1/2 P(tie)`` (the
+    Mann-Whitney U statistic over ``n_forget * n_holdout``). Near 0: the forget set is still recognised; 0.5: no
+    better than chance."""
+    if not forget_scores or not holdout_scores:
+        raise ValueError("membership_auc needs at least one forget score and one holdout score.")
+    statistic = mannwhitneyu(list(holdout_scores), list(forget_scores), alternative="two-sided").statistic
+    return float(statistic) / (len(forget_scores) * len(holdout_scores))
+
+
+__all__ = [
+    "answer_probabilities",
+    "leave_out_final",
+    "membership_auc",
+    "min_k_count",
+    "min_k_per_example",
+    "probabilities_of",
+    "shift_for_causal_lm",
+    "token_log_probs",
+    "upcast_half",
+]
