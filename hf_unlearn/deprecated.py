@@ -6,6 +6,9 @@ in the docs' option tables.
   declare in their registrations: a value given to one is moved into ``forget_loss_kwargs`` (``retain_loss_kwargs``
   for PDU's retain term) when the run's objective declares it, and is otherwise unused, as it always was
   (:func:`merge_aliases`).
+* ``continuation_cut_min_ratio``, ``continuation_cut_max_ratio``, ``continuation_min_prefix_tokens`` and
+  ``continuation_min_suffix_tokens``: aliases of the options of ``forget_scoring_kwargs``
+  (:func:`merge_scoring_aliases`).
 * Options and values that only a study used, none of which a default, an example, a recommendation of the docs or a
   supported path reads (:func:`warn_retired`); what they did is in the MASC landing study's "What was tried and
   failed" table."""
@@ -86,6 +89,16 @@ ALIASES: dict[str, Alias] = {
     "rmu_steering_coefficient": Alias(
         "forget", ("rmu",), "steering_coefficient", "RMU: norm c of the random target direction c * u (6.5)."
     ),
+    # () : every objective that declares the key (each objective with needs_refusal / needs_alternate does)
+    "refusal_answers": Alias(
+        "forget", (), "refusal_answers", "IdkDPO: the refusals preferred over forget answers (a few 'I don't know')."
+    ),
+    "alternate_column": Alias(
+        "forget",
+        (),
+        "alternate_column",
+        "AltPO: the forget records' column of alternative answers (perturbed_answer).",
+    ),
 }
 
 
@@ -97,6 +110,46 @@ def alias_field(name: str) -> Any:
     return field(
         default=None, metadata={"help": f"Deprecated (removed in {REMOVED_IN}): use {replacement}. {alias.what}"}
     )
+
+
+#: Deprecated field -> the key of ``forget_scoring_kwargs`` it sets (the continuation cut of
+#: ``forget_scoring='continuation'``; defaults in ``hf_unlearn.data.pairing.CONTINUATION_DEFAULTS``).
+SCORING_ALIASES: dict[str, str] = {
+    "continuation_cut_min_ratio": "cut_min_ratio",
+    "continuation_cut_max_ratio": "cut_max_ratio",
+    "continuation_min_prefix_tokens": "min_prefix_tokens",
+    "continuation_min_suffix_tokens": "min_suffix_tokens",
+}
+
+
+def scoring_alias_field(name: str) -> Any:
+    """The dataclass field of the deprecated continuation flag ``name`` (default ``None``)."""
+    return field(
+        default=None,
+        metadata={
+            "help": f"Deprecated (removed in {REMOVED_IN}): use "
+            f'forget_scoring_kwargs={{"{SCORING_ALIASES[name]}": ...}}. The continuation cut\'s option.'
+        },
+    )
+
+
+def merge_scoring_aliases(config: Any) -> None:
+    """Each deprecated ``continuation_*`` flag ``config`` sets: a ``FutureWarning``, and its value moved into
+    ``forget_scoring_kwargs`` (the flag then reads ``None``); the same option given both ways with different values is
+    refused."""
+    for name, key in SCORING_ALIASES.items():
+        value = getattr(config, name)
+        if value is None:
+            continue
+        warn_deprecated(name, f"use forget_scoring_kwargs={json.dumps({key: value})}")
+        given = config.forget_scoring_kwargs or {}
+        if key in given and given[key] != value:
+            raise ValueError(
+                f"{name}={value!r} and forget_scoring_kwargs[{key!r}]={given[key]!r} set the same option to different "
+                f"values: keep forget_scoring_kwargs ({name} is deprecated)."
+            )
+        config.forget_scoring_kwargs = {**given, key: value}
+        setattr(config, name, None)
 
 
 def warn_deprecated(name: str, replacement: str) -> None:
@@ -119,12 +172,20 @@ def merge_aliases(config: Any) -> None:
     """Each deprecated alias ``config`` sets: a ``FutureWarning``, and its value moved into the kwargs of the part of
     the run whose objective declares its hyperparameter (the alias then reads ``None``). The same hyperparameter given
     both ways with different values is refused. An alias for an objective the run does not use stays unused."""
+    from .objectives.registry import FORGET_OBJECTIVES, RETAIN_OBJECTIVES  # the registry imports this module's users
+
     objectives = dict(zip(("forget", "retain"), config.objectives))
+    registries = {"forget": FORGET_OBJECTIVES, "retain": RETAIN_OBJECTIVES}
     for name, alias in ALIASES.items():
         value = getattr(config, name)
         if value is None:
             continue
-        parts = [part for part, objective in objectives.items() if objective in alias.objectives]
+        parts = [
+            part
+            for part, objective in objectives.items()
+            if objective in alias.objectives
+            or (not alias.objectives and alias.key in getattr(registries[part].get(objective), "declared", {}))
+        ]
         unused = "" if parts else f" (unused here: this run's objectives are {config.objectives})"
         warn_deprecated(name, f"use {alias.part}_loss_kwargs={json.dumps({alias.key: value})}{unused}")
         for part in parts:
@@ -151,6 +212,8 @@ RETIRED_OPTIONS: dict[str, tuple[Any, str]] = {
     "calibration_refresh_every": (4, f"it is read only with calibration_reference='current' ({STUDY})"),
     "score_answer_end": (True, f"an answer's closing tokens are scored, as in the MASC paper ({STUDY})"),
     "keep_best_state": (False, "stop_on_violation=True ends the run at the first probe that meets the target"),
+    "running_probe": (True, "the 'train' probe reads the training forwards (a model with dropout gets the forward)"),
+    "retain_probe": ("screen", "the retain batches screen the floor and the fixed sample decides each failure"),
 }
 #: ``calibration_match`` values that only a study used; 'id_spread' (the default) and 'rank' (the paper's) stay.
 RETIRED_CALIBRATION_MATCHES = ("token", "token_spread", "prompt")

@@ -48,8 +48,7 @@ def config(tmp_path, **overrides):
             **dict(
                 method="masc",
                 forget_scoring="continuation",
-                continuation_min_prefix_tokens=4,
-                continuation_min_suffix_tokens=4,
+                forget_scoring_kwargs={"min_prefix_tokens": 4, "min_suffix_tokens": 4},
                 max_steps=4,
                 per_device_train_batch_size=4,
                 probe_interval=2,
@@ -82,14 +81,15 @@ def test_training_batches_score_only_a_continuation_that_changes_with_the_epoch(
     # The probe's cut is fixed: the same examples every time they are read.
     assert trainer.probes.sets.train == UnlearnTrainer(make_tiny_model(), config(tmp_path), texts).probes.sets.train
     assert all(sum(label != IGNORE for label in e["labels"]) < 29 for e in trainer.probes.sets.train)
-    assert "continuation_cut_min_ratio" in trainer._make_record(final=False).hyperparameters
+    recorded = trainer._make_record(final=False).hyperparameters["forget_scoring_kwargs"]
+    assert recorded == {"cut_min_ratio": 0.2, "cut_max_ratio": 0.6, "min_prefix_tokens": 4, "min_suffix_tokens": 4}
 
 
 def test_answer_scoring_leaves_examples_whole(tmp_path, texts):
     trainer = UnlearnTrainer(make_tiny_model(), config(tmp_path, forget_scoring="answer"), texts)
     assert trainer.train_dataset[0]["forget"]["labels"] == texts[0]["labels"]
     assert [e["labels"] for e in trainer.probes.sets.train] == [e["labels"] for e in texts]
-    assert "continuation_cut_min_ratio" not in trainer._make_record(final=False).hyperparameters
+    assert "forget_scoring_kwargs" not in trainer._make_record(final=False).hyperparameters
 
 
 def test_probe_violation_rate_is_the_suffix_fraction_by_hand(tmp_path, texts):
@@ -152,8 +152,10 @@ def test_tokenize_text_scores_every_token_but_bos():
     "overrides, message",
     [
         ({"forget_scoring": "prefix"}, "forget_scoring must be one of"),
-        ({"continuation_cut_min_ratio": 0.7}, "0 <= min <= max <= 1"),
-        ({"continuation_min_suffix_tokens": 0}, "continuation_min_suffix_tokens >= 1"),
+        ({"forget_scoring_kwargs": {"cut_min_ratio": 0.7}}, "0 <= min <= max <= 1"),
+        ({"forget_scoring_kwargs": {"min_suffix_tokens": 0}}, "min_suffix_tokens >= 1"),
+        ({"forget_scoring_kwargs": {"min_prefix": 4}}, r"has \['min_prefix'\], which continuation scoring does not"),
+        ({"forget_scoring_kwargs": "min_prefix_tokens=4"}, "must be a dict or a JSON object"),
     ],
 )
 def test_bad_continuation_settings_are_named(tmp_path, overrides, message):
@@ -168,7 +170,7 @@ def test_examples_too_short_to_cut_are_named(tmp_path, texts, caplog):
     with caplog.at_level("WARNING", logger="hf_unlearn.training.trainer"):
         trainer = UnlearnTrainer(
             make_tiny_model(),
-            config(tmp_path, continuation_min_prefix_tokens=20, continuation_min_suffix_tokens=20),
+            config(tmp_path, forget_scoring_kwargs={"min_prefix_tokens": 20, "min_suffix_tokens": 20}),
             texts,
         )
     assert "8 of 8 forget examples have fewer than 40 scored tokens" in caplog.text

@@ -8,7 +8,8 @@ from conftest import forget_set, make_tiny_model, retain_set
 from transformers import HfArgumentParser
 
 from hf_unlearn import METHODS, UnlearnConfig, UnlearnTrainer
-from hf_unlearn.deprecated import ALIASES
+from hf_unlearn.data.pairing import ContinuationScoring
+from hf_unlearn.deprecated import ALIASES, SCORING_ALIASES
 from hf_unlearn.objectives import objective_hyperparameters
 
 # alias -> (a method whose objective declares its hyperparameter, a value other than the default)
@@ -31,6 +32,8 @@ ALIAS_RUNS = {
     "rmu_layer": ("rmu", 0),
     "rmu_trainable_layers": ("rmu", [0, 1]),
     "rmu_steering_coefficient": ("rmu", 4.0),
+    "refusal_answers": ("idk_dpo", ["No idea."]),
+    "alternate_column": ("altpo", "other_answer"),
 }
 
 
@@ -103,7 +106,7 @@ def test_no_default_sets_a_deprecated_option():
         warnings.simplefilter("error", FutureWarning)
         for method in METHODS:
             args = config(method=method)
-            assert all(getattr(args, name) is None for name in ALIASES), method
+            assert all(getattr(args, name) is None for name in (*ALIASES, *SCORING_ALIASES)), method
 
 
 @pytest.mark.parametrize(
@@ -117,6 +120,8 @@ def test_no_default_sets_a_deprecated_option():
         ({"calibration_refresh_every": 2}, r"calibration_refresh_every=2"),
         ({"score_answer_end": False}, r"score_answer_end=False"),
         ({"keep_best_state": True, "stop_on_violation": False}, r"keep_best_state=True"),
+        ({"running_probe": False}, r"running_probe=False"),
+        ({"retain_probe": "every_probe"}, r"retain_probe='every_probe'"),
         ({"stop_target": "calibration", "calibration_auc_slack": 0.1}, r"calibration_auc_slack with stop_target="),
     ],
 )
@@ -124,6 +129,33 @@ def test_a_retired_study_option_still_works_and_warns(setting, named):
     with pytest.warns(FutureWarning, match=named + r".* is deprecated and will be removed in 0\.3"):
         args = config(method="masc", **setting)
     assert all(getattr(args, name) == value for name, value in setting.items())
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value"),
+    [
+        ("continuation_cut_min_ratio", "cut_min_ratio", 0.1),
+        ("continuation_cut_max_ratio", "cut_max_ratio", 0.5),
+        ("continuation_min_prefix_tokens", "min_prefix_tokens", 8),
+        ("continuation_min_suffix_tokens", "min_suffix_tokens", 4),
+    ],
+)
+def test_a_continuation_flag_sets_its_forget_scoring_option_and_warns(name, key, value):
+    with pytest.warns(FutureWarning, match=rf'{name} is deprecated .*forget_scoring_kwargs={{"{key}": {value}}}'):
+        args = config(method="masc", forget_scoring="continuation", **{name: value})
+    assert args.forget_scoring_kwargs == {key: value} and getattr(args, name) is None
+    assert getattr(ContinuationScoring.from_config(args), CUT_FIELDS[key]) == value
+    with pytest.raises(ValueError, match=f"{name}={value!r} and forget_scoring_kwargs"):
+        config(method="masc", forget_scoring_kwargs={key: value + 1}, **{name: value})
+
+
+#: forget_scoring_kwargs key -> ContinuationScoring field
+CUT_FIELDS = {
+    "cut_min_ratio": "min_ratio",
+    "cut_max_ratio": "max_ratio",
+    "min_prefix_tokens": "min_prefix_tokens",
+    "min_suffix_tokens": "min_suffix_tokens",
+}
 
 
 def test_the_warning_points_at_the_line_that_made_the_config():

@@ -765,3 +765,55 @@ def test_pdu_dual_update_sees_the_whole_accumulated_batch(
     whole, accumulated = first_update(4, 1), first_update(2, 2)
     assert accumulated["last_retain_loss"] == pytest.approx(whole["last_retain_loss"], rel=1e-5)
     assert accumulated["dual"] == pytest.approx(whole["dual"], rel=1e-5) and whole["dual"] > 1.0
+
+
+def test_the_preferred_answers_come_from_the_objectives_kwargs(tmp_path):
+    """IdkDPO's refusals and AltPO's column are declared hyperparameters (forget_loss_kwargs, issue 56): a given
+    value reaches the preferred batch, the record names it, and a bad one is refused by name before training."""
+    from hf_unlearn.benchmarks import load_split
+    from hf_unlearn.data import refusal_example
+    from hf_unlearn.data.examples import build_qa_dataset
+
+    tokenizer = build_tokenizer()
+    records = load_split("forget05")
+    records = records.add_column("other_answer", [f"Another answer {i}." for i in range(len(records))])
+    forget = build_qa_dataset(records, tokenizer)
+    retain = build_qa_dataset(load_split("retain95").select(range(8)), tokenizer)
+    model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
+    refusals = ["No idea at all.", "Ask someone else."]
+    trainer = UnlearnTrainer(
+        model, args(tmp_path, method="idk_dpo", forget_loss_kwargs={"refusal_answers": refusals}), forget, retain,
+        processing_class=tokenizer,
+    )  # fmt: skip
+    assert (
+        trainer.train_dataset.refusal[3]["input_ids"]
+        == refusal_example(tokenizer, forget[3], refusals[1])["input_ids"]
+    )
+    assert trainer._make_record(final=False).hyperparameters["forget_loss_kwargs"]["refusal_answers"] == refusals
+    default = UnlearnTrainer(model, args(tmp_path, method="idk_dpo"), forget, retain, processing_class=tokenizer)
+    assert (
+        default.train_dataset.refusal[0]["input_ids"]
+        == refusal_example(tokenizer, forget[0], "I don't know.")["input_ids"]
+    )
+    trainer = UnlearnTrainer(
+        model, args(tmp_path, method="altpo", forget_loss_kwargs={"alternate_column": "other_answer"}), forget, retain,
+        processing_class=tokenizer,
+    )  # fmt: skip
+    assert (
+        trainer.train_dataset.refusal[2]["input_ids"]
+        == refusal_example(tokenizer, forget[2], "Another answer 2.")["input_ids"]
+    )
+    for method, kwargs, named in (
+        ("idk_dpo", {"refusal_answers": []}, "refusal_answers'] must be a non-empty list"),
+        ("idk_dpo", {"refusal_answers": "I don't know."}, "refusal_answers'] must be a list"),
+        ("altpo", {"alternate_column": ""}, "alternate_column'] must name a column"),
+        ("altpo", {"alternate_column": "missing"}, "column 'missing'"),
+    ):
+        with pytest.raises(ValueError, match=named):
+            UnlearnTrainer(
+                model,
+                args(tmp_path, method=method, forget_loss_kwargs=kwargs),
+                forget,
+                retain,
+                processing_class=tokenizer,
+            )

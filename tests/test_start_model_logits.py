@@ -9,7 +9,7 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from hf_unlearn import UnlearnTrainer
 from hf_unlearn.data.pairing import pad_examples
-from hf_unlearn.objectives.registry import FORGET_OBJECTIVES
+from hf_unlearn.objectives.registry import FORGET_OBJECTIVES, METHODS
 from hf_unlearn.training.reference import adapters_disabled, frozen_copy
 from hf_unlearn.training.start_model_logits import StartModelLogits, read_positions, start_model_is_constant
 
@@ -196,3 +196,54 @@ def _yield(model):
     from contextlib import nullcontext
 
     return nullcontext(model)
+
+
+WINDOWED_METHODS = sorted(
+    method
+    for method, (forget, _retain) in METHODS.items()
+    if not (
+        FORGET_OBJECTIVES[forget].needs_refusal
+        or FORGET_OBJECTIVES[forget].needs_alternate
+        or FORGET_OBJECTIVES[forget].needs_hidden_states  # RMU: the whole sequence, no LM head window
+    )
+)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("method", WINDOWED_METHODS)
+def test_training_forward_from_the_answer_window_equals_the_whole_one(tmp_path, architecture, method):
+    """The training forward runs its LM head only from the batch's first predicted answer token (issue 55 part 3):
+    on padded rows of mixed lengths sharing a prefix, every method's loss and gradients equal those of the forward
+    over the whole sequence, and the head saw fewer positions."""
+    args = unlearn_config(
+        tmp_path, method=method, per_device_train_batch_size=4, probe_interval=0, stop_on_violation=False, seed=0
+    )
+    calibration = prefixed_examples(8, seed=2) if method == "masc" else None
+    model = lora_model(architecture)
+    trainer = UnlearnTrainer(
+        model=model, args=args, train_dataset=prefixed_examples(4), retain_dataset=prefixed_examples(4, seed=1),
+        calibration_dataset=calibration,
+    )  # fmt: skip
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    positions: list[int] = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, a, _o: positions.append(a[0].shape[1]))
+
+    def loss_and_gradients(whole: bool):
+        trainer.answer_window_forward = False if whole else None
+        model.zero_grad()
+        positions.clear()
+        loss = trainer.compute_loss(model, batch)
+        loss.backward()
+        gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+        return loss.detach(), gradients, list(positions)
+
+    try:
+        whole_loss, whole_gradients, whole_positions = loss_and_gradients(whole=True)
+        loss, gradients, window_positions = loss_and_gradients(whole=False)
+    finally:
+        hook.remove()
+    torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-6)
+    assert gradients.keys() == whole_gradients.keys() and gradients
+    for name, value in whole_gradients.items():
+        torch.testing.assert_close(gradients[name], value, rtol=1e-4, atol=1e-6, msg=name)
+    assert sum(window_positions) < sum(whole_positions)

@@ -16,7 +16,7 @@ from torch import nn
 from transformers.utils import logging
 
 from .examples import IGNORE_INDEX
-from .pairing import refusal_example
+from .pairing import ContinuationScoring, refusal_example
 
 logger = logging.get_logger(__name__)
 
@@ -86,14 +86,15 @@ def check_unlearning_data(
 def warn_if_nothing_is_cut(dataset: Sequence[Mapping[str, Any]], args: Any) -> None:
     """forget_scoring='continuation' on examples too short to split scores them whole: say so rather than let a
     user believe the prefix is context (typical of short QA answers under the reference's 32 + 32 tokens)."""
-    needed = args.continuation_min_prefix_tokens + args.continuation_min_suffix_tokens
+    cut = ContinuationScoring.from_config(args)
+    needed = cut.min_prefix_tokens + cut.min_suffix_tokens
     long_enough = sum(
         1 for i in range(len(dataset)) if sum(label != IGNORE_INDEX for label in dataset[i]["labels"][1:]) >= needed
     )
     if long_enough < len(dataset):
         logger.warning(
             f"forget_scoring='continuation': {len(dataset) - long_enough} of {len(dataset)} forget examples have "
-            f"fewer than {needed} scored tokens (continuation_min_prefix_tokens + continuation_min_suffix_tokens), "
+            f"fewer than {needed} scored tokens (forget_scoring_kwargs' min_prefix_tokens + min_suffix_tokens), "
             "so they are scored whole, as with forget_scoring='answer'. Lower the two minimums for short texts."
         )
 
@@ -108,19 +109,20 @@ def alternate_answers(examples: Sequence[Mapping[str, Any]], column: str, object
         if not isinstance(value, str) or not value.strip():
             raise ValueError(
                 f"{objective!r} needs a plausible alternative answer for every forget example in column {column!r} "
-                f"(alternate_column); forget example {i} has {value!r}. Add the column (e.g. TOFU's perturbed_answer) "
-                "or set alternate_column."
+                f"(forget_loss_kwargs['alternate_column']); forget example {i} has {value!r}. Add the column (e.g. "
+                "TOFU's perturbed_answer) or name another with forget_loss_kwargs={'alternate_column': ...}."
             )
         answers.append(value)
     return answers
 
 
 def alternative_answer_examples(
-    forget: Sequence[Mapping[str, Any]], objective: Any, args: Any, tokenizer: Any
+    forget: Sequence[Mapping[str, Any]], objective: Any, hyperparameters: Mapping[str, Any], tokenizer: Any
 ) -> list[dict[str, list[int]]] | None:
     """Each forget example's prompt followed by the answer the objective prefers instead: a refusal (IdkDPO, from
-    ``args.refusal_answers`` in turn) or the example's alternative answer (AltPO, ``args.alternate_column``); ``None``
-    for objectives that need neither."""
+    its declared ``refusal_answers`` in turn) or the example's alternative answer (AltPO, from the column its
+    ``alternate_column`` names); ``hyperparameters``: the objective's resolved values. ``None`` for objectives that
+    need neither."""
     if not (objective.needs_refusal or objective.needs_alternate):
         return None
     what = "refusal" if objective.needs_refusal else "alternate"
@@ -128,10 +130,11 @@ def alternative_answer_examples(
         raise ValueError(
             f"{objective.name!r} writes {what} answers and needs the tokenizer: pass processing_class=tokenizer."
         )
+    refusals = hyperparameters.get("refusal_answers")
     answers = (
-        [args.refusal_answers[i % len(args.refusal_answers)] for i in range(len(forget))]
+        [refusals[i % len(refusals)] for i in range(len(forget))]
         if what == "refusal"
-        else alternate_answers(forget, args.alternate_column, objective.name)
+        else alternate_answers(forget, hyperparameters["alternate_column"], objective.name)
     )
     return [refusal_example(tokenizer, example, answer) for example, answer in zip(forget, answers, strict=True)]
 

@@ -39,6 +39,40 @@ def continuation_labels(
     return masked
 
 
+#: ``forget_scoring_kwargs`` of ``forget_scoring='continuation'`` and their defaults: the MASC reference code's
+#: ``--continuation_cut_min_ratio``, ``--continuation_cut_max_ratio``, ``--continuation_min_prefix_tokens`` and
+#: ``--continuation_min_suffix_tokens`` (arXiv 2606.02920).
+CONTINUATION_DEFAULTS: dict[str, float | int] = {
+    "cut_min_ratio": 0.2,
+    "cut_max_ratio": 0.6,
+    "min_prefix_tokens": 32,
+    "min_suffix_tokens": 32,
+}
+
+
+def continuation_options(given: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The continuation cut's options: :data:`CONTINUATION_DEFAULTS` updated with ``given`` (a config's
+    ``forget_scoring_kwargs``); an unknown key or a value out of range is refused by name."""
+    unknown = sorted(set(given or {}) - set(CONTINUATION_DEFAULTS))
+    if unknown:
+        raise ValueError(
+            f"forget_scoring_kwargs has {unknown}, which continuation scoring does not take; its options are "
+            f"{CONTINUATION_DEFAULTS} (the defaults)."
+        )
+    options = {**CONTINUATION_DEFAULTS, **(given or {})}
+    if not 0.0 <= options["cut_min_ratio"] <= options["cut_max_ratio"] <= 1.0:
+        raise ValueError(
+            "forget_scoring_kwargs: cut_min_ratio and cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
+            f"{options['cut_min_ratio']} and {options['cut_max_ratio']}."
+        )
+    if options["min_prefix_tokens"] < 0 or options["min_suffix_tokens"] < 1:
+        raise ValueError(
+            "forget_scoring_kwargs: min_prefix_tokens must be >= 0 and min_suffix_tokens >= 1, got "
+            f"{options['min_prefix_tokens']} and {options['min_suffix_tokens']}."
+        )
+    return options
+
+
 @dataclass(frozen=True)
 class ContinuationScoring:
     """Where each forget example is cut under ``forget_scoring="continuation"`` (see :func:`continuation_labels`).
@@ -57,13 +91,15 @@ class ContinuationScoring:
     seed: int = 0
 
     @classmethod
-    def from_config(cls, config: Any, seed: int) -> ContinuationScoring:
+    def from_config(cls, config: Any, seed: int = 0) -> ContinuationScoring:
+        """The cut of ``config.forget_scoring_kwargs`` (:func:`continuation_options`)."""
+        options = continuation_options(config.forget_scoring_kwargs)
         return cls(
             enabled=config.forget_scoring == "continuation",
-            min_ratio=config.continuation_cut_min_ratio,
-            max_ratio=config.continuation_cut_max_ratio,
-            min_prefix_tokens=config.continuation_min_prefix_tokens,
-            min_suffix_tokens=config.continuation_min_suffix_tokens,
+            min_ratio=options["cut_min_ratio"],
+            max_ratio=options["cut_max_ratio"],
+            min_prefix_tokens=options["min_prefix_tokens"],
+            min_suffix_tokens=options["min_suffix_tokens"],
             seed=seed,
         )
 

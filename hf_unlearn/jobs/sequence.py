@@ -120,7 +120,7 @@ def checked_request_sets(
     columns and the prompt template) and checked as each request's trainer would check them, all before the first
     request changes the model."""
     from ..data.checks import check_unlearning_data
-    from ..objectives import FORGET_OBJECTIVES, get_objective
+    from ..objectives import objective_hyperparameters
 
     forget_sets = [build_qa_dataset(r.records, name=f"forget (request {r.name!r})", **tokenize) for r in requests]
     retain = build_qa_dataset(retain_records, name="retain", **tokenize) if retain_records is not None else None
@@ -129,7 +129,7 @@ def checked_request_sets(
         if calibration_records is not None
         else None
     )
-    needs_alternate = get_objective(FORGET_OBJECTIVES, config.objectives[0], "forget").needs_alternate
+    alternate_column = objective_hyperparameters(config, "forget").get("alternate_column")  # AltPO's
     for request, forget in zip(requests, forget_sets, strict=True):
         check_unlearning_data(
             model,
@@ -138,7 +138,7 @@ def checked_request_sets(
             calibration,
             method=config.method,
             retain_objective=config.objectives[1],
-            alternate_column=config.alternate_column if needs_alternate else None,
+            alternate_column=alternate_column,
             forget_objective=config.objectives[0],
             forget_name=f"forget (request {request.name!r})",
             retain_hint="retain_records (hf-unlearn sequence: --retain_data)",

@@ -30,7 +30,10 @@ NORMALIZATIONS = ("answer_tokens", "sequences", "attended_tokens")
 
 @dataclass
 class LossInputs:
-    """What an objective may read. ``logits`` and ``labels`` are unshifted, as the model returns them.
+    """What an objective may read. ``logits`` and ``labels`` are unshifted, as the model returns them, and cover the
+    positions from the batch's first predicted answer token on (the LM head runs only there), as do
+    ``reference_logits``, ``attention_mask`` and ``input_ids``; an objective registered with ``needs_hidden_states``
+    or ``normalized_by='attended_tokens'`` gets the whole sequence.
 
     ``hidden_states`` / ``reference_hidden_states`` are the per-layer tuples of ``output_hidden_states=True``
     (only for objectives registered with ``needs_hidden_states``); ``refusal`` holds the same fields for the
@@ -99,8 +102,10 @@ class Objective:
     any weight changes, to refuse a model the objective cannot work with or to choose which parameters train (it may
     write the declared values it chose for the model into the config's kwargs, as RMU does with its layers);
     ``needs_calibration(config)``: the calibration set's margins (:attr:`LossInputs.calibration_margins`);
-    ``needs_alternate``: a second batch whose answers are plausible alternatives from the forget records'
-    ``config.alternate_column`` (AltPO), in the same field as the refusal batch; ``initial_state(config)``: the
+    ``needs_alternate``: a second batch whose answers are plausible alternatives from the forget records' column
+    named by the declared hyperparameter ``alternate_column`` (AltPO; added to ``declared`` with the default
+    :data:`DEFAULT_ALTERNATE_COLUMN`), in the same field as the refusal batch (``needs_refusal`` declares
+    ``refusal_answers`` likewise, default :data:`DEFAULT_REFUSALS`); ``initial_state(config)``: the
     objective keeps state across steps (PDU's dual variable), given to it as :attr:`LossInputs.state`, updated after
     each optimizer step by ``update_state(state, config, step, across_processes)`` and saved with checkpoints (JSON
     values; keys starting with ``_`` are not saved); ``beyond_paper(config)``: the run's settings that depart from
@@ -130,6 +135,18 @@ class Objective:
     check: Callable[[Mapping[str, Any], str], None] | None = None
 
 
+#: The refusals an objective with ``needs_refusal`` prefers over the forget answers unless its ``refusal_answers``
+#: hyperparameter names others (IdkDPO's "I don't know" forms, as open-unlearning's idk set).
+DEFAULT_REFUSALS = (
+    "I don't know.",
+    "I'm not sure about that.",
+    "I have no information about that.",
+    "That is something I cannot answer.",
+)
+#: The forget records' column of plausible alternative answers an objective with ``needs_alternate`` reads unless its
+#: ``alternate_column`` hyperparameter names another (TOFU's answers with changed facts).
+DEFAULT_ALTERNATE_COLUMN = "perturbed_answer"
+
 FORGET_OBJECTIVES: dict[str, Objective] = {}
 RETAIN_OBJECTIVES: dict[str, Objective] = {}
 #: ``UnlearnConfig.method`` -> (forget objective, retain objective), filled by the forget objectives' registrations
@@ -151,6 +168,11 @@ def _register(registry: dict[str, Objective], name: str, needs_reference: bool |
         options["declared"] = dict(hyperparameters)
     else:
         options["hyperparameters"] = tuple(hyperparameters)
+    # Where the preferred answers come from is a declared hyperparameter of every objective that reads them.
+    answers = {"refusal_answers": list(DEFAULT_REFUSALS)} if options.get("needs_refusal") else {}
+    answers |= {"alternate_column": DEFAULT_ALTERNATE_COLUMN} if options.get("needs_alternate") else {}
+    if answers:
+        options["declared"] = {**answers, **options.get("declared", {})}
     methods = dict(options.pop("methods", {}))
     taken = [method for method in methods if method == CUSTOM_METHOD or METHODS.get(method, (name,))[0] != name]
     if taken:
@@ -210,9 +232,20 @@ def resolve_hyperparameters(objective: Objective | None, given: Mapping[str, Any
                 f"{option}[{key!r}] must be a {type(default).__name__} like its default {default!r}, got {value!r}."
             )
         declared[key] = float(value) if numeric else value
+    _check_answer_sources(declared, option)
     if objective is not None and objective.check is not None:
         objective.check(declared, option)
     return declared
+
+
+def _check_answer_sources(values: Mapping[str, Any], option: str) -> None:
+    """The preferred answers' sources, where declared: a non-empty list of refusal texts, a column name."""
+    refusals = values.get("refusal_answers", ["declared elsewhere"])
+    if not refusals or not all(isinstance(text, str) and text.strip() for text in refusals):
+        raise ValueError(f"{option}['refusal_answers'] must be a non-empty list of non-empty texts, got {refusals!r}.")
+    column = values.get("alternate_column", "declared elsewhere")
+    if not isinstance(column, str) or not column.strip():
+        raise ValueError(f"{option}['alternate_column'] must name a column of the forget records, got {column!r}.")
 
 
 def share_hyperparameters(

@@ -1,5 +1,5 @@
 """The vocabulary of :class:`~hf_unlearn.training.config.UnlearnConfig`: the methods (from the objectives'
-registrations), the refusals, the allowed values of the string options, and the one error for
+registrations), the allowed values of the string options, and the one error for
 gradient surgery under a backend that cannot run it. MASC's own options are in
 :mod:`hf_unlearn.objectives.masc.options`."""
 
@@ -14,6 +14,7 @@ from ..deprecated import merge_aliases
 # The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
 from ..objectives.registry import (
     CUSTOM_METHOD,
+    DEFAULT_REFUSALS,
     FORGET_OBJECTIVES,
     METHODS,
     RETAIN_OBJECTIVES,
@@ -23,12 +24,6 @@ from ..objectives.registry import (
 
 logger = logging.get_logger(__name__)
 
-DEFAULT_REFUSALS = (
-    "I don't know.",
-    "I'm not sure about that.",
-    "I have no information about that.",
-    "That is something I cannot answer.",
-)
 FORGET_SCORINGS = ("answer", "continuation")
 #: Every registered method that does not stop itself, in registration order: `hf-unlearn compare`'s baselines (MASC
 #: is raced on its own).

@@ -9,13 +9,12 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import logging
 
-from ..deprecated import alias_field, warn_retired
+from ..deprecated import alias_field, scoring_alias_field, warn_retired
 from ..objectives.masc.options import MascArguments, check_masc, check_retain_guard, check_stopping
 from ..surgery.combine import STRATEGIES
 from .choices import CUSTOM_METHOD, METHODS
 from .config_checks import (
     check_backends,
-    check_baselines,
     check_budget,
     check_forget_scoring,
     check_gradients,
@@ -115,25 +114,14 @@ class UnlearnConfig(MascArguments, TrainingArguments):
             Which forget tokens the forget loss and the stopping probe score: 'answer' (every answer or text token) or
             'continuation' (a prefix of each forget text is context and only its continuation is scored, as the MASC
             reference code's MUSE runs do with --forget_penalty_mode continuation; the cut is drawn per example and
-            epoch between continuation_cut_min_ratio and continuation_cut_max_ratio of the scored tokens, at a fixed
+            epoch between forget_scoring_kwargs' cut_min_ratio and cut_max_ratio of the scored tokens, at a fixed
             place per example for the probes).
-        continuation_cut_min_ratio (`float`, *optional*, defaults to `0.2`):
-            forget_scoring='continuation': smallest fraction of a text's tokens given as prefix.
-        continuation_cut_max_ratio (`float`, *optional*, defaults to `0.6`):
-            forget_scoring='continuation': largest fraction of a text's tokens given as prefix.
-        continuation_min_prefix_tokens (`int`, *optional*, defaults to `32`):
-            forget_scoring='continuation': the prefix is at least this many tokens.
-        continuation_min_suffix_tokens (`int`, *optional*, defaults to `32`):
-            forget_scoring='continuation': the scored continuation is at least this many tokens; a text shorter than
-            prefix + suffix minimum is scored whole.
-
-    > Parameters that control the baseline objectives (their hyperparameters: `forget_loss_kwargs`)
-
-        alternate_column (`str`, *optional*, defaults to `"perturbed_answer"`):
-            AltPO: column of the forget records holding plausible alternative answers (a text, or a list of which
-            example i takes the (i mod n)-th).
-        refusal_answers (`list[str]` or `None`, *optional*, defaults to `None`):
-            IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms).
+        forget_scoring_kwargs (`dict`, `str` or `None`, *optional*, defaults to `None`):
+            forget_scoring='continuation': the cut's options, a dict or JSON object, the reference code's flags
+            without their `continuation_` prefix: `cut_min_ratio` (0.2) and `cut_max_ratio` (0.6), the smallest and
+            largest fraction of a text's scored tokens given as prefix; `min_prefix_tokens` (32), the prefix's
+            least length; `min_suffix_tokens` (32), the scored continuation's least length (a text shorter than the
+            two minimums is scored whole).
 
     > Parameters that control the outputs
 
@@ -168,6 +156,23 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         score_answer_end (`bool`, *optional*, defaults to `True`):
             Deprecated (removed in 0.3): leave it True. Whether the forget objective and the forget and never-seen
             probes score an answer's closing tokens (EOS, a chat template's end-of-turn and the whitespace after it).
+        running_probe (`bool`, *optional*, defaults to `True`):
+            Deprecated (removed in 0.3): leave it True. Measure the 'train' probe from the forget batches' own
+            forward passes since the last probe, not an extra forward over a fixed sample (that one is used when the
+            model has dropout, whatever this says).
+        retain_probe (`str`, *optional*, defaults to `"screen"`):
+            Deprecated (removed in 0.3): leave it at 'screen'. How the utility floor reads retain at a probe:
+            'screen' (the retain batches' own forwards since the last probe; the fixed retain sample is measured at
+            the start and when that reading is under twice the floor, so a failure is always decided on it) or
+            'every_probe' (the fixed sample at every probe).
+        continuation_cut_min_ratio (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_scoring_kwargs={"cut_min_ratio": ...}.
+        continuation_cut_max_ratio (`float` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_scoring_kwargs={"cut_max_ratio": ...}.
+        continuation_min_prefix_tokens (`int` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_scoring_kwargs={"min_prefix_tokens": ...}.
+        continuation_min_suffix_tokens (`int` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_scoring_kwargs={"min_suffix_tokens": ...}.
         npo_beta (`float` or `None`, *optional*, defaults to `None`):
             Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method npo, npo_klr). NPO's inverse
             temperature beta (0.1).
@@ -222,9 +227,19 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         rmu_steering_coefficient (`float` or `None`, *optional*, defaults to `None`):
             Deprecated (removed in 0.3): use forget_loss_kwargs={"steering_coefficient": ...} (method rmu). RMU: norm c
             of the random target direction c * u (6.5).
+        refusal_answers (`list[str]` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"refusal_answers": [...]} (method idk_dpo). IdkDPO:
+            the refusals preferred over forget answers (default: a few 'I don't know' forms).
+        alternate_column (`str` or `None`, *optional*, defaults to `None`):
+            Deprecated (removed in 0.3): use forget_loss_kwargs={"alternate_column": ...} (method altpo). AltPO: the
+            forget records' column of plausible alternative answers (default perturbed_answer).
     """
 
-    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + ["forget_loss_kwargs", "retain_loss_kwargs"]
+    _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
+        "forget_loss_kwargs",
+        "retain_loss_kwargs",
+        "forget_scoring_kwargs",
+    ]
 
     # Parameters that choose the method and its objectives
     method: str | None = field(
@@ -280,31 +295,12 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         default="answer",
         metadata={"help": "Which forget tokens are scored: 'answer' (all) or 'continuation' (after a drawn prefix)."},
     )
-    continuation_cut_min_ratio: float = field(
-        default=0.2,
-        metadata={"help": "forget_scoring='continuation': smallest fraction of a text's tokens given as prefix."},
-    )
-    continuation_cut_max_ratio: float = field(
-        default=0.6,
-        metadata={"help": "forget_scoring='continuation': largest fraction of a text's tokens given as prefix."},
-    )
-    continuation_min_prefix_tokens: int = field(
-        default=32,
-        metadata={"help": "forget_scoring='continuation': the prefix is at least this many tokens."},
-    )
-    continuation_min_suffix_tokens: int = field(
-        default=32,
-        metadata={"help": "forget_scoring='continuation': the scored continuation is at least this long."},
-    )
-
-    # Parameters that control the baseline objectives (their hyperparameters: forget_loss_kwargs)
-    alternate_column: str = field(
-        default="perturbed_answer",
-        metadata={"help": "AltPO: column of the forget records holding plausible alternative answers (text or list)."},
-    )
-    refusal_answers: list[str] | None = field(
+    forget_scoring_kwargs: dict | str | None = field(
         default=None,
-        metadata={"help": "IdkDPO: the refusals preferred over forget answers (default: a few 'I don't know' forms)."},
+        metadata={
+            "help": "forget_scoring='continuation': the cut's options (cut_min_ratio 0.2, cut_max_ratio 0.6, "
+            "min_prefix_tokens 32, min_suffix_tokens 32), a dict or JSON object."
+        },
     )
 
     # Parameters that control the outputs
@@ -342,6 +338,20 @@ class UnlearnConfig(MascArguments, TrainingArguments):
             "help": "Deprecated (removed in 0.3): leave it True. Whether an answer's closing tokens are scored."
         },
     )
+    running_probe: bool = field(
+        default=True,
+        metadata={"help": "Deprecated (removed in 0.3): leave it True. The 'train' probe from the training forwards."},
+    )
+    retain_probe: str = field(
+        default="screen",
+        metadata={
+            "help": "Deprecated (removed in 0.3): leave it 'screen'. Retain at a probe: 'screen' or 'every_probe'."
+        },
+    )
+    continuation_cut_min_ratio: float | None = scoring_alias_field("continuation_cut_min_ratio")
+    continuation_cut_max_ratio: float | None = scoring_alias_field("continuation_cut_max_ratio")
+    continuation_min_prefix_tokens: int | None = scoring_alias_field("continuation_min_prefix_tokens")
+    continuation_min_suffix_tokens: int | None = scoring_alias_field("continuation_min_suffix_tokens")
     npo_beta: float | None = alias_field("npo_beta")
     simnpo_beta: float | None = alias_field("simnpo_beta")
     simnpo_delta: float | None = alias_field("simnpo_delta")
@@ -360,6 +370,8 @@ class UnlearnConfig(MascArguments, TrainingArguments):
     rmu_layer: int | None = alias_field("rmu_layer")
     rmu_trainable_layers: list[int] | None = alias_field("rmu_trainable_layers")
     rmu_steering_coefficient: float | None = alias_field("rmu_steering_coefficient")
+    refusal_answers: list[str] | None = alias_field("refusal_answers")
+    alternate_column: str | None = alias_field("alternate_column")
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
     num_train_epochs: float | None = field(
@@ -407,7 +419,6 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         check_stopping(self)
         check_retain_guard(self)
         check_forget_scoring(self)
-        check_baselines(self)
         complete_budget(self)
         warn_retired(self)  # the study options on their way out (hf_unlearn/deprecated.py)
 

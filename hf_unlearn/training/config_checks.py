@@ -11,9 +11,11 @@ from typing import Any
 
 from transformers.utils import logging
 
+from ..data.pairing import continuation_options
+from ..deprecated import merge_scoring_aliases
 from ..objectives.registry import check_one_of
 from ..surgery.combine import STRATEGIES
-from .choices import DEFAULT_REFUSALS, FORGET_SCORINGS, resolve_method, sharded_surgery_error
+from .choices import FORGET_SCORINGS, resolve_method, sharded_surgery_error
 from .sharpness import check_sam_config
 
 logger = logging.get_logger(__name__)
@@ -89,23 +91,14 @@ def check_gradients(config: Any) -> None:
 def check_forget_scoring(config: Any) -> None:
     """Which forget tokens are scored, and continuation scoring's cut."""
     check_one_of(config, (("forget_scoring", FORGET_SCORINGS),))
-    if not 0.0 <= config.continuation_cut_min_ratio <= config.continuation_cut_max_ratio <= 1.0:
+    given = config.forget_scoring_kwargs
+    if given is not None and not isinstance(given, dict):
         raise ValueError(
-            "continuation_cut_min_ratio and continuation_cut_max_ratio must satisfy 0 <= min <= max <= 1, got "
-            f"{config.continuation_cut_min_ratio} and {config.continuation_cut_max_ratio}."
+            f"""forget_scoring_kwargs must be a dict or a JSON object such as '{{"min_prefix_tokens": 8}}', got """
+            f"{given!r}."
         )
-    if config.continuation_min_prefix_tokens < 0 or config.continuation_min_suffix_tokens < 1:
-        raise ValueError(
-            "continuation_min_prefix_tokens must be >= 0 and continuation_min_suffix_tokens >= 1, got "
-            f"{config.continuation_min_prefix_tokens} and {config.continuation_min_suffix_tokens}."
-        )
-
-
-def check_baselines(config: Any) -> None:
-    """The baseline objectives' data: ``refusal_answers`` completed with the default refusals (their hyperparameters
-    are checked with the objectives' declared ones, :func:`~hf_unlearn.training.choices.resolve_method`)."""
-    if config.refusal_answers is None:
-        config.refusal_answers = list(DEFAULT_REFUSALS)
+    merge_scoring_aliases(config)  # the deprecated continuation_* flags, into forget_scoring_kwargs
+    continuation_options(config.forget_scoring_kwargs)
 
 
 def complete_budget(config: Any) -> None:

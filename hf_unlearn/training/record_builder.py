@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
+from ..data.pairing import continuation_options
 from ..objectives.masc.stopping import stop_kind, stop_reason
 from ..objectives.registry import objective_hyperparameters
 from ..surgery import SURGERY_PAPER
@@ -50,13 +51,7 @@ STOPPING_HYPERPARAMETERS = (
     "calibration_refresh_every",
 )
 GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure", "keep_best_state")
-CONTINUATION_HYPERPARAMETERS = (
-    "forget_scoring",
-    "continuation_cut_min_ratio",
-    "continuation_cut_max_ratio",
-    "continuation_min_prefix_tokens",
-    "continuation_min_suffix_tokens",
-)
+CONTINUATION_HYPERPARAMETERS = ("forget_scoring", "forget_scoring_kwargs")
 
 
 def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
@@ -69,15 +64,15 @@ def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
         names.append("sam_rho")
     for objective in objectives:
         names += objective.hyperparameters
-        names += ["refusal_answers"] if objective.needs_refusal else []
-        names += ["alternate_column"] if objective.needs_alternate else []
     if args.stop_on_violation:
         names += STOPPING_HYPERPARAMETERS
     if args.probe_interval > 0:
         names += GUARD_HYPERPARAMETERS
-    if args.forget_scoring != "answer":
-        names += CONTINUATION_HYPERPARAMETERS
     values = {name: getattr(getattr(args, name), "value", getattr(args, name)) for name in names}
+    if args.forget_scoring != "answer":  # the cut's options, defaults included
+        values.update(dict(zip(CONTINUATION_HYPERPARAMETERS, (args.forget_scoring, continuation_options(
+            args.forget_scoring_kwargs
+        )))))  # fmt: skip
     for part, objective in zip(("forget", "retain"), objectives):
         if objective.declared:  # the values its declared hyperparameters had, defaults included
             values[f"{part}_loss_kwargs"] = objective_hyperparameters(args, part)

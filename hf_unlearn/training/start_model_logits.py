@@ -83,6 +83,14 @@ class RowsLayout:
         return cls(keys, ends, rows, positions, first, shared_prefix_length(host.input_ids, first))
 
 
+def first_read_position(host: HostCopy) -> int:
+    """The first position whose logits predict an answer token in any row (0 if none), read from the host copy with
+    numpy: no value comes back from the device (:func:`hf_unlearn.forwards.answer_window` on the host)."""
+    read = host.labels.numpy()[:, 1:] != IGNORE_INDEX
+    columns = read.any(axis=0).nonzero()[0]
+    return int(columns[0]) if len(columns) else 0
+
+
 def host_copy(batch: Mapping[str, Any]) -> HostCopy:
     """The batch's host copy from the collator, or one read back from the device (a batch made elsewhere)."""
     host = batch.get("host_copy")

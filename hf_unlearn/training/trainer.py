@@ -33,6 +33,7 @@ from ..data.pairing import (
     split_holdout,
     window_counts,
 )
+from ..forwards import accepts_logits_to_keep
 from ..objectives import LossInputs, Objective
 from ..objectives.masc.options import resolved_for_run
 from ..objectives.masc.probe import ProbeSets, ProbeState, calibration_sample_size, runs_from_training_forwards
@@ -51,7 +52,7 @@ from .record import UnlearnRecord, run_datasets
 from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
 from .run_outputs import RunOutputs
 from .sharpness import ForgetSAM
-from .start_model_logits import StartModelLogits, start_model_is_constant
+from .start_model_logits import StartModelLogits, first_read_position, host_copy, start_model_is_constant
 
 logger = logging.get_logger(__name__)
 
@@ -113,7 +114,7 @@ class UnlearnTrainer(RunOutputs, Trainer):
             calibration_dataset,
             method=args.method,
             retain_objective=args.objectives[1],
-            alternate_column=args.alternate_column if self.forget_objective.needs_alternate else None,
+            alternate_column=self.objective_kwargs["forget"].get("alternate_column"),
             forget_objective=args.objectives[0],
         )
         args, calibration_dataset = resolved_for_run(args, train_dataset, calibration_dataset)
@@ -191,6 +192,9 @@ class UnlearnTrainer(RunOutputs, Trainer):
             may_keep=constant and not sharded,
             may_trim=not sharded,
         )
+        # Whether the training forward runs its LM head from the first answer token (None: decided at the first batch,
+        # by whether the model's forward takes logits_to_keep; False runs it whole).
+        self.answer_window_forward: bool | None = None
         # The parameters the optimizer steps, bound when training starts (see _trainable).
         self._trainable_params: list[torch.Tensor] | None = None
         self.surgery = SurgeryBuffers(
@@ -230,7 +234,9 @@ class UnlearnTrainer(RunOutputs, Trainer):
             forget_train,
             retain if self.retain_objective is not None else None,
             seed=args.seed,
-            refusal=alternative_answer_examples(forget_train, self.forget_objective, args, tokenizer),
+            refusal=alternative_answer_examples(
+                forget_train, self.forget_objective, self.objective_kwargs["forget"], tokenizer
+            ),
             forget_labels=self._score_forget if self._score_forget.enabled else None,
         )
         return paired, probe_sets
@@ -314,23 +320,39 @@ class UnlearnTrainer(RunOutputs, Trainer):
         elif objective.needs_reference(self.args):
             reference_logits = self.start_model_logits(batch)
         calibration = self.probes.calibration_thresholds() if objective.needs_calibration(self.args) else None
+        # An objective that reads hidden states or every attended token gets the whole sequence.
+        whole = hidden or objective.normalized_by == "attended_tokens"
+        start = 0 if whole else self._answer_window(model, batch)
+        extra = {"logits_to_keep": batch["input_ids"].shape[1] - start} if start else {}
         outputs = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden, **extra
         )
+        window = slice(start, None)  # what the logits cover: the losses read only there
         return LossInputs(
             logits=outputs.logits,
-            labels=batch["labels"],
+            labels=batch["labels"][:, window],
             config=self.args,
-            reference_logits=reference_logits,
-            attention_mask=batch["attention_mask"],
+            reference_logits=None if reference_logits is None else reference_logits[:, window],
+            attention_mask=batch["attention_mask"][:, window],
             hidden_states=outputs.hidden_states if hidden else None,
             reference_hidden_states=reference_hidden_states,
             num_items=num_items,
             calibration_margins=calibration,
             calibration_levels=self.probes.calibration_levels,
-            input_ids=batch["input_ids"],
+            input_ids=batch["input_ids"][:, window],
             state=self.objective_state_callback.view(objective.name, writable=model.training),
         )
+
+    def _answer_window(self, model: nn.Module, batch: Mapping[str, Any]) -> int:
+        """The first position whose logits predict an answer token in any row of ``batch``: the training forward runs
+        its LM head from there on (``logits_to_keep``), since no loss, probe or stop reads a logit before it. 0 (the
+        whole sequence) where the model's forward does not take ``logits_to_keep`` or where the deprecated
+        ``calibration_match='prompt'`` reads the prompt's tokens beside the logits."""
+        if self.answer_window_forward is None:
+            self.answer_window_forward = accepts_logits_to_keep(self.accelerator.unwrap_model(model))
+        if not self.answer_window_forward or self.args.calibration_match == "prompt":
+            return 0
+        return first_read_position(host_copy(batch))
 
     def _objective_loss(
         self, model: nn.Module, inputs: Mapping[str, Any], part: str, objective: Objective, num_items: Any = None

@@ -115,13 +115,6 @@ class MascArguments:
             Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha.
         hoeffding_delta (`float`, *optional*, defaults to `0.05`):
             Confidence level delta of the Hoeffding check, union-bounded over probes.
-        running_probe (`bool`, *optional*, defaults to `True`):
-            Measure the 'train' probe from the forget batches' own forward passes since the last probe, not an extra
-            forward over a fixed sample (that one is used when the model has dropout).
-        retain_probe (`str`, *optional*, defaults to `"screen"`):
-            How the utility floor reads retain at a probe: 'screen' (the retain batches' own forwards since the last
-            probe; the fixed retain sample is measured at the start and when that reading is under twice the floor, so
-            a failure is always decided on it) or 'every_probe' (the fixed sample at every probe).
         self_stop_max_steps (`int`, *optional*, defaults to `1000`):
             Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
             at most this many optimizer steps.
@@ -221,14 +214,6 @@ class MascArguments:
     )
     hoeffding_delta: float = field(
         default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
-    )
-    running_probe: bool = field(
-        default=True,
-        metadata={"help": "Measure the 'train' probe from the forget batches' own forwards, not an extra forward."},
-    )
-    retain_probe: str = field(
-        default="screen",
-        metadata={"help": "How the utility floor reads retain at a probe: 'screen' or 'every_probe'."},
     )
     self_stop_max_steps: int = field(
         default=1000,
