@@ -12,10 +12,10 @@ the token's rank. With ``--every N`` the first seed's run is also measured every
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python studies/attack_landing.py --seeds 0 1 2 --every 10 \
         --output attack_landing.json [key=value UnlearnConfig overrides ...]
 
-The library is used through its public API (a sharper rival target is the option ``masc_rival_temperature=T``,
-given as an override); the two study-only variants (``--entropy_weight``, ``--z_weight``) patch the one function that
-computes the rival KL (``hf_unlearn.objectives.masc.loss.rival_kl``) for the run and are not options of the library.
-Findings: docs/studies/attack_landing.md.
+The library is used through its public API alone (a sharper rival target is the option ``masc_rival_temperature=T``,
+given as an override). The two study-only variants measured on the page (``--entropy_weight``, ``--z_weight``, which
+patched the rival KL for the run) left the script after commit ad0f376, where they ran:
+``git show ad0f376:studies/attack_landing.py``. Findings: docs/studies/attack_landing.md.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from hf_unlearn.evaluation import (
     membership_verdict,
     token_statistics,
 )
+from hf_unlearn.jobs import parse_overrides
 
 SPLIT = "forget10"
 
@@ -88,85 +89,6 @@ class AttackTrajectory(TrainerCallback):
             self.measure(model, state.global_step)
 
 
-def position_entropies(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The entropy of the model's distribution at every position that predicts an answer token (aligned: position t
-    predicts labels[t + 1]), as a 1-D tensor in the order of the scored tokens."""
-    shifted, targets = logits[:, :-1].float(), labels[:, 1:]
-    mask = targets != -100
-    log_probs = torch.log_softmax(shifted[mask], dim=-1)
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
-def standardised(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Min-K%++'s per-token value, (log p(y) - mean) / spread of log p under the position's own distribution, at
-    every scored position of aligned ``logits``/``labels`` (position t predicts labels[t]), as a 1-D tensor."""
-    mask = labels != -100
-    log_probs = torch.log_softmax(logits[mask].float(), dim=-1)
-    probs = log_probs.exp()
-    mean = (probs * log_probs).sum(-1)
-    spread = ((probs * log_probs.square()).sum(-1) - mean.square()).clamp(min=1e-12).sqrt()
-    chosen = log_probs.gather(-1, labels[mask].unsqueeze(-1)).squeeze(-1)
-    return (chosen - mean) / spread
-
-
-def match_standardised(weight: float, start_model, calibration) -> None:
-    """A study-only variant, not an option of the library: beside MASC's loss, a hinge that pulls each forget
-    token's standardised log-probability (what Min-K%++ reads) down to the never-seen value at its rank (the
-    calibration answers' under the start model, matched by rank as the margin's thresholds are). Added to the
-    rival KL term, as :func:`match_entropy`."""
-    import hf_unlearn.objectives.masc.loss as masc
-    from hf_unlearn.data.pairing import pad_examples
-    from hf_unlearn.objectives.masc.calibration import calibrated_thresholds
-
-    batch = pad_examples([{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in calibration], 0)
-    start_model.eval()
-    with torch.no_grad():
-        logits = start_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    never_seen = standardised(logits[:, :-1], batch["labels"][:, 1:]).sort().values
-    print(f"never-seen standardised value under the start model: mean {never_seen.mean():.3f}", flush=True)
-    original = masc.rival_kl
-
-    def with_standardised(logits, reference_logits, labels, num_items=None):
-        values = standardised(logits, labels)
-        thresholds = calibrated_thresholds(values.detach(), never_seen.to(values.device))
-        count = num_items if num_items is not None else (labels != -100).sum()
-        hinge = torch.relu(values - thresholds).sum() / count
-        return original(logits, reference_logits, labels, num_items) + weight / 5.0 * hinge
-
-    masc.rival_kl = with_standardised
-
-
-def match_entropy(weight: float, start_model, calibration) -> None:
-    """A study-only variant, not an option of the library: beside MASC's loss, a hinge that pulls the entropy at
-    each forget answer position down to the never-seen level at its rank (the calibration answers' entropies under
-    the start model, matched by rank as the margin's thresholds are), so that the distribution around a forgotten
-    token ends as confident as around a never-seen one. Added to the rival KL term (its call is patched; the sum is
-    scaled back by ``masc_rival_kl``)."""
-    import hf_unlearn.objectives.masc.loss as masc
-    from hf_unlearn.data.pairing import pad_examples
-    from hf_unlearn.objectives.masc.calibration import calibrated_thresholds
-
-    batch = pad_examples([{k: e[k] for k in ("input_ids", "attention_mask", "labels")} for e in calibration], 0)
-    start_model.eval()
-    with torch.no_grad():
-        logits = start_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    never_seen = position_entropies(logits, batch["labels"]).sort().values
-    print(f"never-seen entropy under the start model: mean {never_seen.mean():.3f} over {len(never_seen)} tokens")
-    original = masc.rival_kl
-
-    def with_entropy(logits, reference_logits, labels, num_items=None):
-        # rival_kl gets logits and labels already aligned (position t predicts labels[t])
-        mask = labels != -100
-        log_probs = torch.log_softmax(logits[mask].float(), dim=-1)
-        entropy = -(log_probs.exp() * log_probs).sum(-1)
-        thresholds = calibrated_thresholds(entropy.detach(), never_seen.to(entropy.device))
-        hinge = torch.relu(entropy - thresholds).sum() / (num_items if num_items is not None else mask.sum())
-        kl_weight = 5.0  # the default masc_rival_kl the study runs with; the hinge carries its own weight
-        return original(logits, reference_logits, labels, num_items) + weight / kl_weight * hinge
-
-    masc.rival_kl = with_entropy
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -174,27 +96,10 @@ def main() -> None:
     parser.add_argument("--no_stop", action="store_true", help="run the whole budget, no stop (a fixed budget)")
     parser.add_argument("--learning_rate", type=float, default=3e-4)
     parser.add_argument("--num_train_epochs", type=float, default=80)
-    parser.add_argument(
-        "--entropy_weight", type=float, default=None,
-        help="study only: add a hinge pulling each forget position's entropy to its never-seen rank, this weight",
-    )  # fmt: skip
-    parser.add_argument(
-        "--z_weight", type=float, default=None,
-        help="study only: add a hinge pulling each forget token's standardised log-probability to its never-seen rank",
-    )  # fmt: skip
     parser.add_argument("--output", default="attack_landing.json")
     parser.add_argument("overrides", nargs="*", help="UnlearnConfig key=value pairs")
     cli = parser.parse_args()
-    overrides = {}
-    for item in cli.overrides:
-        key, _, value = item.partition("=")
-        for kind in (int, float):
-            try:
-                value = kind(value)
-                break
-            except ValueError:
-                continue
-        overrides[key] = {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
+    overrides = parse_overrides(cli.overrides)
 
     target, tokenizer, _ = learn_target_model(show_progress=False)
     never, _ = learn_retain_only_model(SPLIT)
@@ -205,10 +110,6 @@ def main() -> None:
     retain = build_qa_dataset(retain_records, tokenizer, name="retain")
     calibration = build_qa_dataset(load_split("calibration"), tokenizer, name="calibration")
     start_state = {k: v.clone() for k, v in target.state_dict().items()}
-    if cli.entropy_weight is not None:
-        match_entropy(cli.entropy_weight, target, calibration)
-    if cli.z_weight is not None:
-        match_standardised(cli.z_weight, target, calibration)
 
     never_auc = attack_aucs(never, tokenizer, sets, target)
     result = {
@@ -220,8 +121,6 @@ def main() -> None:
         "settings": {
             "learning_rate": cli.learning_rate,
             "no_stop": cli.no_stop,
-            "entropy_weight": cli.entropy_weight,
-            "z_weight": cli.z_weight,
             **overrides,
         },  # fmt: skip
         "runs": [],

@@ -16,7 +16,7 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from hf_unlearn.cli.main import main  # noqa: E402
+from hf_unlearn.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(["compare", *sys.argv[1:]]))

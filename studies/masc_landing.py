@@ -14,7 +14,9 @@ at f1ebda8 reads them again).
 
 ``--save_steps 25`` keeps a checkpoint every 25 steps (the adapter, the optimizer and the stop's state): a run longer
 than one sitting is killed and goes on with ``--resume`` as the uninterrupted run would have, and its adapters can be
-measured afterwards.
+measured afterwards: ``--measure_checkpoints`` measures every ``checkpoint-N`` of ``output_dir/run`` (and the stopped
+``adapter``) as the run's end is measured (every attack, forget and retain ROUGE-L, real knowledge, fluency; the
+region's verdict and misses) into ``checkpoints.json``, without training.
 
 The target and the never-trained model come from compare's cache; their measurements (the region) are cached in
 ``--region_cache`` per split, so that each run only measures itself. Writes ``result.json`` and ``tokens.png``.
@@ -33,20 +35,12 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from hf_unlearn import build_qa_dataset
-from hf_unlearn.cli.arguments import CompareArguments
-from hf_unlearn.data.examples import tokenize_qa
-from hf_unlearn.evaluation.bundle import qa_attack_scores, qa_membership_auc
-from hf_unlearn.evaluation.fluency import fluent_like
-from hf_unlearn.evaluation.membership import membership_auc, min_k_count
-from hf_unlearn.jobs.compare import build_region, in_region, parse_overrides, region_misses
-from hf_unlearn.jobs.compare_setups import tofu_setting
-from hf_unlearn.jobs.models import build_trainer
-from hf_unlearn.objectives.masc.calibration import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
-from hf_unlearn.objectives.masc.margin import restricted_margin
-from hf_unlearn.objectives.masc.stopping import ViolationStoppingCallback
+from hf_unlearn import UnlearnConfig, ViolationStoppingCallback, build_qa_dataset, restricted_margin, tokenize_qa
+from hf_unlearn.cli import CompareArguments
+from hf_unlearn.evaluation import fluent_like, membership_auc, min_k_count, qa_attack_scores, qa_membership_auc
+from hf_unlearn.jobs import build_region, build_trainer, in_region, parse_overrides, region_misses, tofu_setting
+from hf_unlearn.objectives.masc import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
 from hf_unlearn.scores import shift_for_causal_lm
-from hf_unlearn.training.config import UnlearnConfig
 
 FUNCTION_WORDS = set(
     "a an the of in on at to for from by with and or but as is are was were be been being has have had his her "
@@ -237,6 +231,43 @@ def region_of(setting: Any, cli: CompareArguments, cache: str) -> dict:
     return region
 
 
+def measure_checkpoints(setting: Any, region: dict, output_dir: str) -> list[dict]:
+    """Every saved adapter of the run in ``output_dir`` (``run/checkpoint-N`` by step, then ``adapter``, the stopped
+    model) measured as ``hf-unlearn compare`` measures a run, with the region's verdict: what a fixed budget ending
+    at that step would have given."""
+    from peft import PeftModel
+
+    run = os.path.join(output_dir, "run")
+    found = [
+        (int(name.split("-")[1]), os.path.join(run, name))
+        for name in os.listdir(run)
+        if name.startswith("checkpoint-")
+    ]
+    if os.path.isdir(os.path.join(output_dir, "adapter")):
+        found.append((-1, os.path.join(output_dir, "adapter")))
+    rows = []
+    for step, path in sorted(found, key=lambda item: (item[0] < 0, item[0])):
+        base = type(setting.target_model)(setting.target_model.config)
+        base.load_state_dict(setting.target_model.state_dict())
+        model = PeftModel.from_pretrained(base, path).eval()
+        row = setting.measure(model)
+        fluent = fluent_like(
+            row["forget"]["fluency"], region["never_trained"]["forget"]["fluency"],
+            fluent_nll=region["before"]["forget"]["fluency"].get("reference_nll"),
+        )  # fmt: skip
+        rows.append({
+            "step": step if step >= 0 else "stop", "path": path, "in_region": in_region(row, region),
+            "fluent": fluent, "misses": region_misses(row, region),
+            "membership_aucs": row["forget"]["membership_aucs"],
+            "forget_rouge_l_recall": row["forget"]["rouge_l_recall"],
+            "retain_rouge_l_recall": row["retain"]["rouge_l_recall"], "real_knowledge": row["real_knowledge"],
+        })  # fmt: skip
+        print(json.dumps({k: rows[-1][k] for k in ("step", "in_region", "fluent", "misses")}), flush=True)
+        with open(os.path.join(output_dir, "checkpoints.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
 def plot(tables: dict[str, list[dict]], path: str) -> None:
     import matplotlib
 
@@ -289,6 +320,10 @@ def main() -> None:
         "than one sitting goes on with --resume, and the adapters can be measured afterwards (0: none).",
     )  # fmt: skip
     parser.add_argument("--resume", action="store_true", help="Go on from the last checkpoint in output_dir/run.")
+    parser.add_argument(
+        "--measure_checkpoints", action="store_true",
+        help="Measure every saved checkpoint of output_dir/run and the stopped adapter (no training).",
+    )  # fmt: skip
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
     cli = CompareArguments(
@@ -310,6 +345,9 @@ def main() -> None:
         f"region-offset{args.author_offset}-retain{args.num_retain_authors}-rk{args.real_knowledge_size}{roles}.json",
     )
     region = region_of(setting, cli, cache)
+    if args.measure_checkpoints:
+        measure_checkpoints(setting, region, args.output_dir)
+        return
     tokenizer = setting.tokenizer
     forget = [dict(r) for r in setting.forget_records]
     never_seen = [dict(r) for r in setting.holdout_records]

@@ -14,8 +14,8 @@ import argparse
 import json
 import math
 
-from hf_unlearn.evaluation.fluency import fluent_like
-from hf_unlearn.jobs.compare_report import compare_table, write_compare
+from hf_unlearn.evaluation import fluent_like
+from hf_unlearn.jobs import compare_table, write_compare
 
 REGION_KEYS = (
     "forget_rouge_l_recall_max",

@@ -1,4 +1,4 @@
-"""The prepared GPU check (benchmarks/gpu_check.py) runs its settings' code path on the CPU, so that the one run a
+"""The prepared GPU check (perf/gpu_check.py) runs its settings' code path on the CPU, so that the one run a
 lent GPU allows is not spent on a broken script."""
 
 import json
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(HERE, "..", "benchmarks", "gpu_check.py")
+SCRIPT = os.path.join(HERE, "..", "perf", "gpu_check.py")
 
 
 @pytest.mark.slow

@@ -144,7 +144,7 @@ def test_batched_token_statistics_match_one_text_at_a_time(tokenizer, architectu
         assert torch.allclose(got["std"].double(), std, atol=1e-4)
 
 
-# The forward attacks read the teacher-forced pass of the answer metrics (evaluation/scoring.py) where it ran over the
+# The forward attacks read the teacher-forced pass of the answer metrics (evaluation/passes.py) where it ran over the
 # texts' very tokens: the same values as their own forward, without it.
 
 SMALL = dict(hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)

@@ -1,7 +1,7 @@
-"""The single teacher-forced pass (hf_unlearn.evaluation.scoring), the KV-cache greedy decoder and the options scored
-after one encoding of their question's prompt (options.score_after_prompts: the truth ratio, the real-knowledge
-options) give the values the separate passes gave: per-example unbatched forwards, the full (prompt + answer) forward
-and transformers' own generate, on three architectures, with padding and batches of mixed lengths."""
+"""The single teacher-forced pass (hf_unlearn.evaluation.passes.score_answers), the KV-cache greedy decoder and the
+options scored after one encoding of their question's prompt (passes.score_after_prompts: the truth ratio, the
+real-knowledge options) give the values the separate passes gave: per-example unbatched forwards, the full (prompt +
+answer) forward and transformers' own generate, on three architectures, with padding and batches of mixed lengths."""
 
 from __future__ import annotations
 
@@ -16,26 +16,22 @@ from hf_unlearn.benchmarks import build_tokenizer, generate_benchmark, tiny_mode
 from hf_unlearn.data.examples import tokenize_prompt, tokenize_qa
 from hf_unlearn.data.pairing import pad_examples
 from hf_unlearn.evaluation.memorization import evaluate_memorization, exact_memorization, extraction_strength
-from hf_unlearn.evaluation.metrics import (
+from hf_unlearn.evaluation.metrics import answer_probability, reproduction_bound
+from hf_unlearn.evaluation.options import normalized_probabilities, truth_ratios, truth_ratios_from
+from hf_unlearn.evaluation.passes import (
     answer_log_probs,
-    answer_probability,
     generate_fallback,
     greedy_decode,
     left_pad,
     log_prob_sums_and_counts,
+    option_scores,
     pad_token_id_of,
     prompt_length,
-    reproduction_bound,
+    score_after_prompts,
+    score_qa_records,
     score_teacher_forced,
 )
-from hf_unlearn.evaluation.options import (
-    normalized_probabilities,
-    option_scores,
-    score_after_prompts,
-    truth_ratios,
-    truth_ratios_from,
-)
-from hf_unlearn.evaluation.scoring import bound_from, memorization_from, score_qa_records
+from hf_unlearn.evaluation.scoring import bound_from, memorization_from
 from hf_unlearn.evaluation.suites import evaluate_unlearning
 from hf_unlearn.forwards import prompt_cache_keyword
 from hf_unlearn.objectives.masc.margin import threshold_from_probability

@@ -55,3 +55,6 @@ def load_smollm2() -> tuple[Any, Any]:
     if hasattr(model.config, "_name_or_path"):
         model.config._name_or_path = "HuggingFaceTB/SmolLM2-135M-Instruct"
     return model, tokenizer
+
+
+__all__ = ["load_smollm2"]

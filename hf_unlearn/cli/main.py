@@ -354,11 +354,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hf-unlearn {command}: error: {error}", file=sys.stderr)
         print(f"(--traceback or {TRACEBACK_VARIABLE}=1 shows where it came from)", file=sys.stderr)
         return 1
+    finally:
+        end_process_group()
     record = getattr(result, "record", None)
     if record is not None and not record.success:
         print(f"hf-unlearn {command}: the run failed ({record.stop_reason}).", file=sys.stderr)
         return 3
     return 0
+
+
+def end_process_group() -> None:
+    """Tear down the process group a launched command (torchrun, ``accelerate launch``) started, before the
+    interpreter exits: left up, a backend thread can abort the process at exit after its work is done (seen with
+    DeepSpeed ZeRO-3 over gloo: "terminate called without an active exception", exit status -6), and the launcher
+    then reports the whole run as failed. torch is only looked at if the command imported it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

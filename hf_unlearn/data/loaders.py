@@ -270,3 +270,15 @@ def muse_evaluation_sets(benchmark: str = "muse_news", path: str | None = None) 
         "privleak_forget": map_columns(load_records(path, "privleak", "forget"), "muse_text"),
         "privleak_holdout": map_columns(load_records(path, "privleak", "holdout"), "muse_text"),
     }
+
+
+__all__ = [
+    "BENCHMARKS",
+    "COLUMN_MAPPING",
+    "TOFU_FORGET_SPLITS",
+    "load_records",
+    "load_tofu",
+    "load_tofu_folder",
+    "muse_evaluation_sets",
+    "tofu_evaluation_sets",
+]

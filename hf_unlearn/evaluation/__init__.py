@@ -1,9 +1,16 @@
 """Evaluation: TOFU's metrics (:mod:`.metrics`), exact memorisation and extraction strength (:mod:`.memorization`),
 membership attacks (:mod:`.membership`), MUSE's VerbMem and KnowMem (:mod:`.muse`), the benchmark suites that combine
 them (:mod:`.suites`), and utility on standard benchmarks through lm-evaluation-harness (:mod:`.utility`, an optional
-extra imported only when used)."""
+extra imported only when used). The model's passes they read (generation, teacher-forced scoring, the options scored
+after one prompt encoding) run in :mod:`.passes`, below them all."""
 
-from .bundle import REAL_KNOWLEDGE_MAX_NEW_TOKENS, measure_qa_sets, qa_membership_auc, real_knowledge_utility
+from .bundle import (
+    REAL_KNOWLEDGE_MAX_NEW_TOKENS,
+    measure_qa_sets,
+    qa_attack_scores,
+    qa_membership_auc,
+    real_knowledge_utility,
+)
 from .fluency import answer_fluency, distinct_3, fluent_like, repetition
 from .membership import (
     ATTACK_READS,
@@ -31,28 +38,30 @@ from .memorization import (
     teacher_forced_predictions,
 )
 from .metrics import (
-    answer_log_probs,
     answer_probability,
     default_max_new_tokens,
     evaluate_qa,
     exact_match,
     forget_quality,
     forget_truth_ratio,
-    generate_answers,
-    generate_continuations,
     model_utility,
-    qa_records,
     reproduction_bound,
     retain_truth_ratio,
     rouge_l_f1,
     rouge_l_recall,
-    score_teacher_forced,
 )
 from .muse import (
     knowmem,
     verbmem,
 )
 from .options import normalized_probabilities, truth_ratios
+from .passes import (
+    answer_log_probs,
+    generate_answers,
+    generate_continuations,
+    qa_records,
+    score_teacher_forced,
+)
 from .suites import (
     benchmark_sets,
     chronicles_evaluation_sets,
@@ -82,6 +91,7 @@ __all__ = [
     "real_knowledge_utility",
     "repetition",
     "measure_qa_sets",
+    "qa_attack_scores",
     "qa_membership_auc",
     "ATTACKS",
     "ATTACK_READS",

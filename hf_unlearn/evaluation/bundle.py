@@ -12,18 +12,16 @@ from typing import Any
 from ..data.prompts import prompt_and_completion
 from .membership import ATTACKS, attack_reads, membership_auc, membership_scores
 from .metrics import (
-    GENERATION_BATCH_SIZE,
     evaluate_qa,
     forget_quality,
     forget_truth_ratio,
-    generate_answers,
     model_utility,
-    qa_records,
     retain_truth_ratio,
     rouge_l_recall,
 )
 from .options import real_knowledge_options, truth_ratios
-from .scoring import AnswerScores, measure_answers
+from .passes import GENERATION_BATCH_SIZE, AnswerScores, generate_answers, qa_records
+from .scoring import measure_answers
 
 #: Answer length allowed on the real-knowledge sets. Their reference answers are a name or a few words, but a
 #: pretrained chat model answers in a sentence ("The play 'Romeo and Juliet' was written by William Shakespeare."):
@@ -222,3 +220,15 @@ def real_knowledge_utility(
     # The six values read as such: one near zero (a small model's real-author ROUGE-L) sinks the harmonic mean.
     measured["mean"] = sum(values) / len(values) if values else float("nan")
     return measured
+
+
+__all__ = [
+    "MEMBERSHIP_ATTACK",
+    "REAL_KNOWLEDGE_MAX_NEW_TOKENS",
+    "attack_scores",
+    "measure_qa_sets",
+    "qa_attack_scores",
+    "qa_membership_auc",
+    "qa_membership_aucs",
+    "real_knowledge_utility",
+]

@@ -34,13 +34,8 @@ from typing import Any
 
 from ..data.examples import tokenize_qa
 from ..scores import token_log_probs
-from .metrics import (
-    default_max_new_tokens,
-    generate_answers,
-    pad_token_id_of,
-    qa_records,
-    score_teacher_forced,
-)
+from .metrics import default_max_new_tokens
+from .passes import generate_answers, pad_token_id_of, qa_records, score_teacher_forced
 
 #: An answer whose distinct-3 ratio is below this is counted as degenerate (repetitive).
 DEGENERATE_DISTINCT_3 = 0.75

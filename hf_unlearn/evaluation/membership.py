@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..scores import membership_auc, min_k_count, min_k_per_example
-from .metrics import batches, model_device, pad_token_id_of, progress_bar
+from .passes import batches, model_device, pad_token_id_of, progress_bar
 
 if TYPE_CHECKING:
-    from .scoring import AnswerScores
+    from .passes import AnswerScores
 
 ATTACKS = ("loss", "zlib", "min_k", "min_k_plus_plus", "reference", "gradnorm")
 #: What one forward gives; ``reference`` also needs a reference model, ``gradnorm`` a backward per text.
@@ -149,7 +149,7 @@ def statistics_from_scores(
     encoded: Sequence[Sequence[int]], starts: Sequence[int], scored: Sequence[AnswerScores], moments: bool
 ) -> list[dict[str, torch.Tensor] | None]:
     """Per encoded text, its :func:`token_statistics` read from a teacher-forced pass's scores
-    (:func:`hf_unlearn.evaluation.scoring.score_answers` with ``reads=attack_reads(...)``), or ``None`` where no
+    (:func:`hf_unlearn.evaluation.passes.score_answers` with ``reads=attack_reads(...)``), or ``None`` where no
     score ran over its tokens (or lacks the moments, with ``moments``).
 
     A score holds a text when the text's tokens are the example's, or the example's but for the EOS that

@@ -31,7 +31,7 @@ import torch
 
 from ..data.examples import IGNORE_INDEX, tokenize_qa
 from ..scores import shift_for_causal_lm
-from .metrics import pad_token_id_of, qa_records, score_teacher_forced
+from .passes import pad_token_id_of, qa_records, score_teacher_forced
 
 __all__ = [
     "evaluate_memorization",
@@ -72,7 +72,7 @@ def teacher_forced_predictions(
     show_progress: bool = False,
 ) -> list[tuple[list[int], list[int]]]:
     """Per tokenized example ``(predictions, labels)`` over its answer: the argmax of the logits at every labelled
-    position but the last (EOS), teacher-forced in batches (:func:`~hf_unlearn.evaluation.metrics.
+    position but the last (EOS), teacher-forced in batches (:func:`~hf_unlearn.evaluation.passes.
     score_teacher_forced`)."""
 
     def argmaxes(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[list[int], list[int]]]:

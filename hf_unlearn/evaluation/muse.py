@@ -17,7 +17,8 @@ from typing import Any
 
 from ..data.examples import tokenize_prompt
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE
-from .metrics import generate_continuations, rouge_l_f1
+from .metrics import rouge_l_f1
+from .passes import generate_continuations
 
 __all__ = ["knowmem", "verbmem"]
 

@@ -16,9 +16,10 @@ from datasets import Dataset
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
 from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, membership_verdict, privleak
-from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, model_utility, qa_records, retain_truth_ratio
+from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, model_utility, retain_truth_ratio
 from .options import real_knowledge_options, truth_ratios
-from .scoring import AnswerScores, measure_answers
+from .passes import AnswerScores, qa_records
+from .scoring import measure_answers
 
 
 def require_question_columns(sets: dict[str, Any]) -> None:
@@ -68,7 +69,7 @@ def evaluate_unlearning(
     ``prompt_template`` is the format the model learned the facts in (:mod:`hf_unlearn.data.prompts`).
     ``forget_reads``: what else the forget set's pass keeps (:data:`hf_unlearn.evaluation.scoring.READS`, e.g. the
     membership attacks' :func:`~hf_unlearn.evaluation.membership.attack_reads`); with any, the forget set's
-    :class:`~hf_unlearn.evaluation.scoring.AnswerScores` are returned under ``"forget_scores"``, for the caller to
+    :class:`~hf_unlearn.evaluation.passes.AnswerScores` are returned under ``"forget_scores"``, for the caller to
     read and take out before the result is written.
     """
     shared = {"batch_size": batch_size, "show_progress": show_progress, "prompt_template": prompt_template}

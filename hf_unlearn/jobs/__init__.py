@@ -4,7 +4,9 @@ sequential requests (:mod:`.sequence`) and the side-by-side comparison of method
 of :mod:`.compare_setups`, written out by :mod:`.compare_report`)."""
 
 from .checks import run_audit_job, run_eval_job, run_quant_check_job, run_relearn_check_job
-from .compare_setups import run_compare
+from .compare import build_region, in_region, parse_overrides, region_misses
+from .compare_report import compare_table, write_compare
+from .compare_setups import run_compare, tofu_setting
 from .demo import run_demo
 from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
 from .sequence import ForgetRequest, SequenceResult, run_sequence_job, unlearn_sequentially
@@ -13,9 +15,14 @@ from .unlearn import run_unlearning_job, unlearn_and_report
 __all__ = [
     "ForgetRequest",
     "SequenceResult",
+    "build_region",
     "build_trainer",
+    "compare_table",
     "earlier_requests_of",
+    "in_region",
     "load_model_and_tokenizer",
+    "parse_overrides",
+    "region_misses",
     "run_audit_job",
     "run_compare",
     "run_demo",
@@ -24,6 +31,8 @@ __all__ = [
     "run_relearn_check_job",
     "run_sequence_job",
     "run_unlearning_job",
+    "tofu_setting",
     "unlearn_and_report",
     "unlearn_sequentially",
+    "write_compare",
 ]

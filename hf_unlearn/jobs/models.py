@@ -86,7 +86,7 @@ def load_model_and_tokenizer(
             f"{name!r} cannot be loaded as a causal language model (AutoModelForCausalLM): {error}"
         ) from error
     if load_in_4bit:
-        from ..robustness.quantize import keep_4bit_layers_trainable
+        from ..training.adapters import keep_4bit_layers_trainable
 
         # Before any measurement: on CPUs with AVX-512 BF16 bitsandbytes would repack the weights for inference at the
         # first eval-mode forward (and assert on layers whose out features are not a multiple of 32).

@@ -18,6 +18,7 @@ import torch
 from transformers.utils import logging
 
 from ..evaluation.metrics import evaluate_qa
+from ..training.adapters import keep_4bit_layers_trainable
 
 logger = logging.get_logger(__name__)
 
@@ -106,30 +107,6 @@ def modules_to_keep_for_cpu(config: Any, avx512_bf16: bool | None = None) -> tup
         if avx512_bf16 and (shape[0] % CPU_PACKING_OUT_MULTIPLE or shape[1] % CPU_PACKING_IN_MULTIPLE)
     }
     return sorted(set(default) | set(unfit)), unfit
-
-
-def keep_4bit_layers_trainable(model: Any) -> int:
-    """Stop bitsandbytes' CPU inference repacking of 4-bit weights, and undo it where it already happened.
-
-    On CPUs with AVX512-BF16, bitsandbytes (0.50) repacks a ``Linear4bit`` weight into an inference-only layout on
-    the first forward in eval mode (a probe, an evaluation, the reference pass); its kernel has no backward, so
-    every later training step would silently get no gradient through those layers (QLoRA adapters below them stop
-    learning). Returns the number of layers touched.
-    """
-    touched = 0
-    for module in model.modules():
-        if not hasattr(module, "support_avx512bf16_for_cpu"):
-            continue
-        module.support_avx512bf16_for_cpu = False
-        state = getattr(module.weight, "quant_state", None)
-        if state is not None and getattr(state, "packing_format_for_cpu", False):
-            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
-
-            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
-                module.weight.data, state
-            )
-        touched += 1
-    return touched
 
 
 def save_for_quantization(model: Any, path: str) -> str:
@@ -307,3 +284,12 @@ def quantization_table(result: dict) -> str:
         reason = result[mode].get("not_measured", "no layer was quantized")
         lines.append(f"Not measured in {mode}: {reason}; its numbers are those of a mostly full-precision model.")
     return "\n".join(lines)
+
+
+__all__ = [
+    "QUANTIZATION_MODES",
+    "check_quantization_robustness",
+    "keep_4bit_layers_trainable",
+    "quantization_config",
+    "quantization_table",
+]

@@ -72,6 +72,30 @@ def check_causal_lm(model: Any) -> None:
         )
 
 
+def keep_4bit_layers_trainable(model: Any) -> int:
+    """Stop bitsandbytes' CPU inference repacking of 4-bit weights, and undo it where it already happened.
+
+    On CPUs with AVX512-BF16, bitsandbytes (0.50) repacks a ``Linear4bit`` weight into an inference-only layout on
+    the first forward in eval mode (a probe, an evaluation, the reference pass); its kernel has no backward, so
+    every later training step would silently get no gradient through those layers (QLoRA adapters below them stop
+    learning). Returns the number of layers touched.
+    """
+    touched = 0
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        module.support_avx512bf16_for_cpu = False
+        state = getattr(module.weight, "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+            module.weight.data, module.weight.quant_state = _convert_weight_packed_for_cpu_inverse(
+                module.weight.data, state
+            )
+        touched += 1
+    return touched
+
+
 def prepare_model(model: Any, args: Any, peft_config: Any, objectives: list[Any]) -> Any:
     """The model as it trains: each objective's preparation (RMU freezes all but some layers), the PEFT wrapper for
     ``peft_config``, trainable 4-bit layers; refused when nothing can change."""
@@ -83,8 +107,6 @@ def prepare_model(model: Any, args: Any, peft_config: Any, objectives: list[Any]
             raise ValueError("The model is already a PEFT model; pass peft_config=None or the base model.")
         model = with_adapter(model, peft_config)
     if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_quantized", False):
-        from ..robustness.quantize import keep_4bit_layers_trainable
-
         keep_4bit_layers_trainable(model)
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("The model has no trainable parameters (all requires_grad=False): nothing can change.")

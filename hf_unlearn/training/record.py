@@ -180,3 +180,6 @@ def run_datasets(forget: Any, retain: Any, calibration: Any, trained: Any, held_
         "retain_dataset": dataset_description(retain) if retain is not None else None,
         "calibration_dataset": dataset_description(calibration) if calibration is not None else None,
     }
+
+
+__all__ = ["RECORD_FILE", "UnlearnRecord", "dataset_description", "run_datasets"]

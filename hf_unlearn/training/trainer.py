@@ -12,7 +12,7 @@ which every report reads.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
@@ -33,8 +33,7 @@ from ..data.pairing import (
     split_holdout,
     window_counts,
 )
-from ..forwards import accepts_logits_to_keep
-from ..objectives import LossInputs, Objective
+from ..objectives import Objective
 from ..objectives.masc.options import resolved_for_run
 from ..objectives.masc.probe import ProbeSets, ProbeState, calibration_sample_size, runs_from_training_forwards
 from ..objectives.masc.stopping import ViolationStoppingCallback, warn_budget_ended
@@ -46,13 +45,14 @@ from .callbacks import ObjectiveStateCallback, RetainPairingCallback, advance_ob
 from .choices import check_surgery_backend
 from .config import UnlearnConfig
 from .ledger import forget_set_fingerprint, load_ledger, loaded_from
+from .loss_forwards import LossForwards
 from .loss_tracking import LossTracker
 from .output_dir import check_writable, prepare_output_dir
 from .record import UnlearnRecord, run_datasets
-from .reference import ZERO3_COPY, adapters_disabled, make_reference, prepare_reference, zero_stage
+from .reference import ZERO3_COPY, make_reference, prepare_reference, zero_stage
 from .run_outputs import RunOutputs
 from .sharpness import ForgetSAM
-from .start_model_logits import StartModelLogits, first_read_position, host_copy, start_model_is_constant
+from .start_model_logits import StartModelLogits, start_model_is_constant
 
 logger = logging.get_logger(__name__)
 
@@ -60,7 +60,7 @@ PARTS = ("forget", "retain")
 _UNIT_INDEX = {"answer_tokens": 0, "sequences": 1, "attended_tokens": 2}
 
 
-class UnlearnTrainer(RunOutputs, Trainer):
+class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
     """Trainer for LLM unlearning: ``train_dataset`` is forgotten while ``retain_dataset`` is kept.
 
     Implements MASC (margin self-correction, arXiv 2606.02920) with its online stopping rule, the objectives
@@ -283,76 +283,6 @@ class UnlearnTrainer(RunOutputs, Trainer):
         if self.retain_objective is not None:
             parts.append(("retain", self.retain_objective, self.args.retain_weight))
         return parts
-
-    # --- forwards ---------------------------------------------------------------------------------------
-
-    @contextmanager
-    def _reference_mode(self, model: nn.Module) -> Iterator[nn.Module]:
-        """The frozen start model: the separate copy, or the PEFT model with its adapters disabled."""
-        if self.ref_model is not None:
-            yield self.ref_model
-            return
-        with adapters_disabled(self.accelerator.unwrap_model(model)) as reference:
-            yield reference
-
-    def reference_logits(self, model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Logits of the frozen start model on ``batch`` (no gradient), at every position. (The objectives and the
-        probes read them only where an answer token is predicted, from ``self.start_model_logits``.)"""
-        return self._reference_outputs(model, batch, hidden_states=False).logits
-
-    def _reference_outputs(self, model: nn.Module, batch: Mapping[str, torch.Tensor], hidden_states: bool) -> Any:
-        with torch.no_grad(), self._reference_mode(model) as reference:
-            return reference(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                output_hidden_states=hidden_states,
-            )
-
-    def _loss_inputs(
-        self, model: nn.Module, batch: Mapping[str, torch.Tensor], objective: Objective, num_items: Any
-    ) -> LossInputs:
-        """Run the forwards an objective declared it needs: the model's, and the reference model's if asked."""
-        hidden = objective.needs_hidden_states
-        reference_logits = reference_hidden_states = None
-        if objective.needs_reference(self.args) and hidden:  # hidden states are read at every position
-            reference = self._reference_outputs(model, batch, hidden_states=True)
-            reference_logits, reference_hidden_states = reference.logits, reference.hidden_states
-        elif objective.needs_reference(self.args):
-            reference_logits = self.start_model_logits(batch)
-        calibration = self.probes.calibration_thresholds() if objective.needs_calibration(self.args) else None
-        # An objective that reads hidden states or every attended token gets the whole sequence.
-        whole = hidden or objective.normalized_by == "attended_tokens"
-        start = 0 if whole else self._answer_window(model, batch)
-        extra = {"logits_to_keep": batch["input_ids"].shape[1] - start} if start else {}
-        outputs = model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=hidden, **extra
-        )
-        window = slice(start, None)  # what the logits cover: the losses read only there
-        return LossInputs(
-            logits=outputs.logits,
-            labels=batch["labels"][:, window],
-            config=self.args,
-            reference_logits=None if reference_logits is None else reference_logits[:, window],
-            attention_mask=batch["attention_mask"][:, window],
-            hidden_states=outputs.hidden_states if hidden else None,
-            reference_hidden_states=reference_hidden_states,
-            num_items=num_items,
-            calibration_margins=calibration,
-            calibration_levels=self.probes.calibration_levels,
-            input_ids=batch["input_ids"][:, window],
-            state=self.objective_state_callback.view(objective.name, writable=model.training),
-        )
-
-    def _answer_window(self, model: nn.Module, batch: Mapping[str, Any]) -> int:
-        """The first position whose logits predict an answer token in any row of ``batch``: the training forward runs
-        its LM head from there on (``logits_to_keep``), since no loss, probe or stop reads a logit before it. 0 (the
-        whole sequence) where the model's forward does not take ``logits_to_keep`` or where the deprecated
-        ``calibration_match='prompt'`` reads the prompt's tokens beside the logits."""
-        if self.answer_window_forward is None:
-            self.answer_window_forward = accepts_logits_to_keep(self.accelerator.unwrap_model(model))
-        if not self.answer_window_forward or self.args.calibration_match == "prompt":
-            return 0
-        return first_read_position(host_copy(batch))
 
     def _objective_loss(
         self, model: nn.Module, inputs: Mapping[str, Any], part: str, objective: Objective, num_items: Any = None

@@ -14,7 +14,7 @@ Self-Correction", arXiv 2606.02920, 2026), in one place:
 ours, with a calibration set, is listed by :func:`masc_beyond_paper`."""
 
 from . import loss  # noqa: F401  (registers the "masc" objective)
-from .calibration import NeverSeenLevels, calibration_gap, matched_thresholds
+from .calibration import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
 from .loss import MASC_PAPER, masc_beyond_paper, masc_loss, rival_kl
 from .margin import (
     MarginResult,
@@ -50,5 +50,6 @@ __all__ = [
     "restricted_margin",
     "rival_kl",
     "threshold_from_probability",
+    "token_levels",
     "violation_fractions",
 ]

@@ -1,6 +1,6 @@
 """Memory of MASC + KL per parameter: predicted from the code, checked against this machine, projected to 1B-70B.
 
-    python benchmarks/memory_table.py [--steps 3] [--json out.json] [--skip-measured]
+    python perf/memory_table.py [--steps 3] [--json out.json] [--skip-measured]
 
 Part 1 (measured, one subprocess per setting, the real SmolLM2-135M-Instruct): the bytes the trainer holds just before
 an optimizer step, counted tensor by tensor (hf_unlearn.training.memory.StateBytesCallback), against the prediction

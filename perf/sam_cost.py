@@ -1,6 +1,6 @@
 """What sharpness-aware unlearning (``sam_rho``) costs per optimizer step, in one run.
 
-    OMP_NUM_THREADS=1 python benchmarks/sam_cost.py [--method masc] [--rho 0.1] [--steps 20] [--repeats 3]
+    OMP_NUM_THREADS=1 python perf/sam_cost.py [--method masc] [--rho 0.1] [--steps 20] [--repeats 3]
 
 On the embedded benchmark's target model (learned once, cached) and its forget10 / retain90 splits, ``--steps``
 optimizer steps of :class:`~hf_unlearn.UnlearnTrainer` without and with ``sam_rho`` (no probes, no stopping rule, so

@@ -1,7 +1,7 @@
 """The prepared GPU check: MASC + KL step rate and peak memory on a ~0.5B model, full and LoRA, surgery vs sum, FSDP2.
 
-    python benchmarks/gpu_check.py [--json gpu_check.json] [--steps 20]          # on a GPU, no network, < 8 min
-    python benchmarks/gpu_check.py --size tiny --device cpu --steps 2            # the same code path on a CPU
+    python perf/gpu_check.py [--json gpu_check.json] [--steps 20]          # on a GPU, no network, < 8 min
+    python perf/gpu_check.py --size tiny --device cpu --steps 2            # the same code path on a CPU
 
 A randomly initialised Llama of about 0.5B parameters (hidden 1024, 24 layers; no download) in bf16 unlearns random
 token sequences (256 tokens, batch 8, forget and retain) with MASC + KL. One subprocess per setting, so each peak is

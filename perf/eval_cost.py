@@ -1,6 +1,6 @@
 """What a measurement of a pretrained model costs, part by part, against the plain-transformers floor of the same work.
 
-    OMP_NUM_THREADS=1 python benchmarks/eval_cost.py --tofu-dir ../shared/tofu [--quick] [--skip-nf4]
+    OMP_NUM_THREADS=1 python perf/eval_cost.py --tofu-dir ../shared/tofu [--quick] [--skip-nf4]
         [--only eval|compare|options] [--model FOLDER [--adapter FOLDER]]
 
 Two measurements of SmolLM2-135M-Instruct as shipped (:func:`hf_unlearn.benchmarks.pretrained.load_smollm2`; nothing

