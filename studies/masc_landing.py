@@ -231,6 +231,23 @@ def region_of(setting: Any, cli: CompareArguments, cache: str) -> dict:
     return region
 
 
+def target_copy(setting: Any) -> Any:
+    """A fresh copy of the split's target model, the start of a run or of a checkpoint's adapter."""
+    model = type(setting.target_model)(setting.target_model.config)
+    model.load_state_dict(setting.target_model.state_dict())
+    return model
+
+
+def verdict(row: dict, region: dict) -> dict:
+    """The region's reading of one measured model, as compare reads a run: fluent answers, inside the region, and
+    what it misses by."""
+    fluent = fluent_like(
+        row["forget"]["fluency"], region["never_trained"]["forget"]["fluency"],
+        fluent_nll=region["before"]["forget"]["fluency"].get("reference_nll"),
+    )  # fmt: skip
+    return {"fluent": fluent, "in_region": in_region(row, region), "misses": region_misses(row, region)}
+
+
 def measure_checkpoints(setting: Any, region: dict, output_dir: str) -> list[dict]:
     """Every saved adapter of the run in ``output_dir`` (``run/checkpoint-N`` by step, then ``adapter``, the stopped
     model) measured as ``hf-unlearn compare`` measures a run, with the region's verdict: what a fixed budget ending
@@ -247,17 +264,10 @@ def measure_checkpoints(setting: Any, region: dict, output_dir: str) -> list[dic
         found.append((-1, os.path.join(output_dir, "adapter")))
     rows = []
     for step, path in sorted(found, key=lambda item: (item[0] < 0, item[0])):
-        base = type(setting.target_model)(setting.target_model.config)
-        base.load_state_dict(setting.target_model.state_dict())
-        model = PeftModel.from_pretrained(base, path).eval()
+        model = PeftModel.from_pretrained(target_copy(setting), path).eval()
         row = setting.measure(model)
-        fluent = fluent_like(
-            row["forget"]["fluency"], region["never_trained"]["forget"]["fluency"],
-            fluent_nll=region["before"]["forget"]["fluency"].get("reference_nll"),
-        )  # fmt: skip
         rows.append({
-            "step": step if step >= 0 else "stop", "path": path, "in_region": in_region(row, region),
-            "fluent": fluent, "misses": region_misses(row, region),
+            "step": step if step >= 0 else "stop", "path": path, **verdict(row, region),
             "membership_aucs": row["forget"]["membership_aucs"],
             "forget_rouge_l_recall": row["forget"]["rouge_l_recall"],
             "retain_rouge_l_recall": row["retain"]["rouge_l_recall"], "real_knowledge": row["real_knowledge"],
@@ -364,8 +374,7 @@ def main() -> None:
             disable_tqdm=True, logging_strategy="no", per_device_train_batch_size=cli.per_device_train_batch_size,
             **overrides,
         )  # fmt: skip
-        model = type(setting.target_model)(setting.target_model.config)
-        model.load_state_dict(setting.target_model.state_dict())
+        model = target_copy(setting)
         calibration = setting.calibration
         if args.calibration_from == "holdout":
             calibration = build_qa_dataset(setting.holdout_records, tokenizer)
@@ -399,14 +408,8 @@ def main() -> None:
             "membership_trajectory": trajectory.rows,
         }
         row = setting.measure(model)
-        fluency = row["forget"]["fluency"]
         result["row"] = row
-        result["fluent"] = fluent_like(
-            fluency, region["never_trained"]["forget"]["fluency"],
-            fluent_nll=region["before"]["forget"]["fluency"].get("reference_nll"),
-        )  # fmt: skip
-        result["in_region"] = in_region(row, region)
-        result["misses"] = region_misses(row, region)
+        result.update(verdict(row, region))
         result["landed"] = result["run"]["stop_kind"] == "target" and result["in_region"] and result["fluent"]
     tables["forget (this model)"] = token_table(model, tokenizer, forget)
     tables["never-seen (this model)"] = token_table(model, tokenizer, never_seen)
