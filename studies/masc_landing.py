@@ -16,7 +16,9 @@ at f1ebda8 reads them again).
 than one sitting is killed and goes on with ``--resume`` as the uninterrupted run would have, and its adapters can be
 measured afterwards: ``--measure_checkpoints`` measures every ``checkpoint-N`` of ``output_dir/run`` (and the stopped
 ``adapter``) as the run's end is measured (every attack, forget and retain ROUGE-L, real knowledge, fluency; the
-region's verdict and misses) into ``checkpoints.json``, without training.
+region's verdict and misses) into ``checkpoints.json``, without training. ``--reference_sets`` reads, under the
+pretrained model, the never-trained model and the stopped ``adapter``, each forward attack's AUC of the forget
+answers against the calibration and against the holdout authors (``reference_sets.json``), without training.
 
 The target and the never-trained model come from compare's cache; their measurements (the region) are cached in
 ``--region_cache`` per split, so that each run only measures itself. Writes ``result.json`` and ``tokens.png``.
@@ -36,8 +38,16 @@ import torch
 from transformers import TrainerCallback
 
 from hf_unlearn import UnlearnConfig, ViolationStoppingCallback, build_qa_dataset, restricted_margin, tokenize_qa
+from hf_unlearn.benchmarks.pretrained import load_smollm2
 from hf_unlearn.cli import CompareArguments
-from hf_unlearn.evaluation import fluent_like, membership_auc, min_k_count, qa_attack_scores, qa_membership_auc
+from hf_unlearn.evaluation import (
+    fluent_like,
+    membership_auc,
+    min_k_count,
+    qa_attack_scores,
+    qa_membership_auc,
+    qa_membership_aucs,
+)
 from hf_unlearn.jobs import build_region, build_trainer, in_region, parse_overrides, region_misses, tofu_setting
 from hf_unlearn.objectives.masc import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
 from hf_unlearn.scores import shift_for_causal_lm
@@ -278,6 +288,37 @@ def measure_checkpoints(setting: Any, region: dict, output_dir: str) -> list[dic
     return rows
 
 
+def reference_sets(setting: Any, output_dir: str) -> dict[str, dict[str, dict[str, float]]]:
+    """Each forward attack's AUC of the forget answers against the calibration authors (the stop's never-seen
+    reference) and against the holdout authors (the region's), under the pretrained model the target learned from,
+    the never-trained model and the run's stopped adapter where there is one: whether a miss comes from the stop's
+    reading or from the two sets of never-seen authors reading differently, and whether the pretrained model, which a
+    user has, reads that difference as the never-trained model does."""
+    from peft import PeftModel
+
+    attacks = ("min_k", "min_k_plus_plus", "loss", "zlib")
+    base, base_tokenizer = load_smollm2()  # the pretrained model the target learned from: it saw no TOFU author
+    models = {
+        "base": (base.eval(), base_tokenizer),
+        "never_trained": (setting.reference_model, setting.reference_tokenizer),
+    }
+    adapter = os.path.join(output_dir, "adapter")
+    if os.path.isdir(adapter):
+        models["stopped"] = (PeftModel.from_pretrained(target_copy(setting), adapter).eval(), setting.tokenizer)
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for name, (model, tokenizer) in models.items():
+        result[name] = {
+            against: qa_membership_aucs(model, tokenizer, setting.forget_records, records, attacks=attacks)
+            for against, records in (
+                ("calibration", setting.calibration_records), ("holdout", setting.holdout_records)
+            )
+        }  # fmt: skip
+        print(json.dumps({name: result[name]}), flush=True)
+    with open(os.path.join(output_dir, "reference_sets.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
 def plot(tables: dict[str, list[dict]], path: str) -> None:
     import matplotlib
 
@@ -334,6 +375,11 @@ def main() -> None:
         "--measure_checkpoints", action="store_true",
         help="Measure every saved checkpoint of output_dir/run and the stopped adapter (no training).",
     )  # fmt: skip
+    parser.add_argument(
+        "--reference_sets", action="store_true",
+        help="Each attack's AUC of the forget answers against the calibration and the holdout authors, under the "
+        "never-trained model and the stopped adapter of output_dir (no training): reference_sets.json.",
+    )  # fmt: skip
     args = parser.parse_args()
     os.makedirs(args.output_dir, exist_ok=True)
     cli = CompareArguments(
@@ -357,6 +403,9 @@ def main() -> None:
     region = region_of(setting, cli, cache)
     if args.measure_checkpoints:
         measure_checkpoints(setting, region, args.output_dir)
+        return
+    if args.reference_sets:
+        reference_sets(setting, args.output_dir)
         return
     tokenizer = setting.tokenizer
     forget = [dict(r) for r in setting.forget_records]

@@ -9,6 +9,7 @@ from .bundle import (
     measure_qa_sets,
     qa_attack_scores,
     qa_membership_auc,
+    qa_membership_aucs,
     real_knowledge_utility,
 )
 from .fluency import answer_fluency, distinct_3, fluent_like, repetition
@@ -93,6 +94,7 @@ __all__ = [
     "measure_qa_sets",
     "qa_attack_scores",
     "qa_membership_auc",
+    "qa_membership_aucs",
     "ATTACKS",
     "ATTACK_READS",
     "TASKS_DIR",
