@@ -60,12 +60,13 @@ def cache_keyword(model: Any) -> str | None:
 
 def prompt_cache_keyword(model: Any) -> str | None:
     """The cache keyword (:func:`cache_keyword`) when tokens can be scored as continuations of a KV cache repeated
-    over them, else ``None``: a forward that takes no cache or no position ids, or a cache with a layer that holds
+    over them, else ``None``: a forward that takes no cache or no position ids, a PEFT prompt-learning adapter (prompt
+    or prefix tuning: its virtual tokens go before each call), or a cache with a layer that holds
     no per-token keys and values to repeat (a linear-attention or convolution state, which would also run through a
     left-padded prompt's padding; a KV-sharing layer's placeholder)."""
     keyword = cache_keyword(model)
-    if keyword is None:
-        return None
+    if keyword is None or getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
+        return None  # a prompt-learning adapter puts its own virtual tokens or cache before every call
     from transformers import DynamicCache, cache_utils
 
     recurrent = getattr(cache_utils, "LinearAttentionCacheLayerMixin", ())

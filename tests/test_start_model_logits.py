@@ -209,41 +209,93 @@ WINDOWED_METHODS = sorted(
 )
 
 
+def without_dropout(model):
+    """``model`` with every dropout probability (modules and config) set to 0."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = model.config
+    for key, value in config.to_dict().items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float) and value > 0:
+            setattr(config, key, 0.0)
+    return model
+
+
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 @pytest.mark.parametrize("method", WINDOWED_METHODS)
 def test_training_forward_from_the_answer_window_equals_the_whole_one(tmp_path, architecture, method):
-    """The training forward runs its LM head only from the batch's first predicted answer token (issue 55 part 3):
-    on padded rows of mixed lengths sharing a prefix, every method's loss and gradients equal those of the forward
-    over the whole sequence, and the head saw fewer positions."""
+    """The training forward runs its LM head only from the batch's first predicted answer token, and the rows'
+    shared leading tokens once (issue 55 part 3): on padded rows of mixed lengths sharing a prefix, every method's
+    loss and gradients equal those of the forward over the whole sequence, the head saw fewer positions and the
+    model fewer tokens."""
     args = unlearn_config(
         tmp_path, method=method, per_device_train_batch_size=4, probe_interval=0, stop_on_violation=False, seed=0
     )
     calibration = prefixed_examples(8, seed=2) if method == "masc" else None
-    model = lora_model(architecture)
+    model = without_dropout(lora_model(architecture))  # with dropout the prefix is not shared (one mask per row)
     trainer = UnlearnTrainer(
         model=model, args=args, train_dataset=prefixed_examples(4), retain_dataset=prefixed_examples(4, seed=1),
         calibration_dataset=calibration,
     )  # fmt: skip
     batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
     positions: list[int] = []
-    hook = model.get_output_embeddings().register_forward_hook(lambda _m, a, _o: positions.append(a[0].shape[1]))
+    tokens: list[int] = []
+    hooks = [
+        model.get_output_embeddings().register_forward_hook(lambda _m, a, _o: positions.append(a[0].shape[1])),
+        model.get_input_embeddings().register_forward_hook(lambda _m, a, _o: tokens.append(a[0].numel())),
+    ]
 
-    def loss_and_gradients(whole: bool):
-        trainer.answer_window_forward = False if whole else None
+    def loss_and_gradients(window: bool, shared: bool):
+        trainer.answer_window_forward = None if window else False
+        trainer.shared_prefix_forward = None if shared else False
         model.zero_grad()
         positions.clear()
+        tokens.clear()
         loss = trainer.compute_loss(model, batch)
         loss.backward()
         gradients = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
-        return loss.detach(), gradients, list(positions)
+        return loss.detach(), gradients, sum(positions), sum(tokens)
 
     try:
-        whole_loss, whole_gradients, whole_positions = loss_and_gradients(whole=True)
-        loss, gradients, window_positions = loss_and_gradients(whole=False)
+        loss_and_gradients(window=False, shared=False)  # once first: the probes' and start model's forwards are done
+        whole_loss, whole_gradients, whole_positions, whole_tokens = loss_and_gradients(window=False, shared=False)
+        measured = {
+            "window": loss_and_gradients(window=True, shared=False),
+            "shared prefix": loss_and_gradients(window=True, shared=True),
+        }
     finally:
-        hook.remove()
-    torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-6)
-    assert gradients.keys() == whole_gradients.keys() and gradients
-    for name, value in whole_gradients.items():
-        torch.testing.assert_close(gradients[name], value, rtol=1e-4, atol=1e-6, msg=name)
-    assert sum(window_positions) < sum(whole_positions)
+        for hook in hooks:
+            hook.remove()
+    assert trainer.shared_prefix_forward is True
+    for mode, (loss, gradients, head_positions, _forwarded) in measured.items():
+        torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-6, msg=mode)
+        assert gradients.keys() == whole_gradients.keys() and gradients
+        for name, value in whole_gradients.items():
+            torch.testing.assert_close(gradients[name], value, rtol=1e-4, atol=1e-6, msg=f"{mode}: {name}")
+        assert head_positions < whole_positions, mode
+    assert measured["window"][3] == whole_tokens
+    assert measured["shared prefix"][3] < whole_tokens
+
+
+def test_the_shared_prefix_is_not_run_once_where_it_would_not_equal_the_whole_forward(tmp_path):
+    """Gradient checkpointing turned on after the first batch (Trainer does so inside train()) and a prompt-learning
+    adapter (its virtual tokens go before every call) each run the rows whole."""
+    from peft import PromptTuningConfig
+
+    from hf_unlearn.forwards import prompt_cache_keyword
+
+    args = unlearn_config(tmp_path, method="graddiff", per_device_train_batch_size=4, probe_interval=0, seed=0)
+    model = without_dropout(lora_model("llama"))
+    trainer = UnlearnTrainer(
+        model=model, args=args, train_dataset=prefixed_examples(4), retain_dataset=prefixed_examples(4, seed=1)
+    )
+    batch = trainer._prepare_inputs(next(iter(trainer.get_train_dataloader())))
+    forget = batch["forget"]
+    start = trainer._answer_window(model, forget)
+    assert trainer._shared_prefix(model, forget, start) == PREFIX
+    model.base_model.model.gradient_checkpointing_enable()
+    assert trainer._shared_prefix(model, forget, start) == 0
+    prompt_tuning = PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4)
+    prompt_tuned = get_peft_model(make_tiny_model("llama"), prompt_tuning)
+    assert prompt_cache_keyword(prompt_tuned) is None
+    assert prompt_cache_keyword(model) is not None

@@ -195,6 +195,9 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
         # Whether the training forward runs its LM head from the first answer token (None: decided at the first batch,
         # by whether the model's forward takes logits_to_keep; False runs it whole).
         self.answer_window_forward: bool | None = None
+        # Whether it runs the rows' shared leading tokens once (None: decided at the first batch, see
+        # LossForwards._shared_prefix; False runs every row whole).
+        self.shared_prefix_forward: bool | None = None
         # The parameters the optimizer steps, bound when training starts (see _trainable).
         self._trainable_params: list[torch.Tensor] | None = None
         self.surgery = SurgeryBuffers(
