@@ -28,14 +28,12 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer, build_qa_dataset  # noqa: E402
 from hf_unlearn.benchmarks.tofu_target import TofuAuthorSplit, learn_tofu_target, tofu_sets  # noqa: E402
 from hf_unlearn.data.loaders import load_tofu_folder  # noqa: E402
-
-LORA = dict(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+from hf_unlearn.training.adapters import lora_config  # noqa: E402
 
 
 def split_of(tofu_dir: str, offset: int) -> Any:
@@ -64,10 +62,13 @@ def learn(options: argparse.Namespace) -> None:
 
 
 class Timeline(TrainerCallback):
-    """One JSON line per step (seconds since `train()` began, the step's own seconds) and per probe."""
+    """One JSON line per step (seconds since `train()` began, the step's own seconds) and per probe of
+    ``trainer``'s stopping rule."""
 
-    def __init__(self, out: Any, began: list[float]) -> None:
-        self.out, self.began, self.step_began, self.probes_written, self.trainer = out, began, 0.0, 0, None
+    def __init__(self, out: Any, trainer: Any) -> None:
+        self.out, self.trainer = out, trainer
+        self.began = self.step_began = 0.0  # set when train() begins, and at each step's beginning
+        self.probes_written = 0
         self.step_seconds: list[float] = []
 
     def write(self, row: dict[str, Any]) -> None:
@@ -80,7 +81,7 @@ class Timeline(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         now = time.perf_counter()
         self.step_seconds.append(now - self.step_began)
-        self.write({"step": state.global_step, "elapsed": now - self.began[0], "step_seconds": now - self.step_began})
+        self.write({"step": state.global_step, "elapsed": now - self.began, "step_seconds": now - self.step_began})
         history = self.trainer.stopping_callback.history if self.trainer.stopping_callback is not None else []
         for entry in history[self.probes_written :]:
             self.write({"probe": {k: v for k, v in entry.items() if isinstance(v, (int, float, str))}})
@@ -104,17 +105,15 @@ def run(options: argparse.Namespace) -> None:
     trainer = UnlearnTrainer(
         model=model, args=args, train_dataset=data["forget"], retain_dataset=data["retain"],
         processing_class=tokenizer, calibration_dataset=data["calibration"],
-        peft_config=LoraConfig(task_type="CAUSAL_LM", **LORA),
+        peft_config=lora_config(16, dropout=0.0),  # as compare --benchmark tofu: r16, alpha 32, q/k/v/o
     )  # fmt: skip
-    began = [0.0]
     with open(options.out, "w") as out:
-        timeline = Timeline(out, began)
-        timeline.trainer = trainer
+        timeline = Timeline(out, trainer)
         trainer.add_callback(timeline)
         timeline.write({"library": os.path.dirname(hf_unlearn.__file__), "threads": torch.get_num_threads()})
-        began[0] = time.perf_counter()
+        timeline.began = time.perf_counter()
         trainer.train()
-        seconds = time.perf_counter() - began[0]
+        seconds = time.perf_counter() - timeline.began
         record = trainer.record
         timeline.write(
             {
