@@ -1,15 +1,17 @@
 """Token-level scores of a causal LM's logits, read by the objectives, MASC's stop and the evaluation alike: each
 answer token's log-probability after the causal shift, Min-K% Prob (Shi et al. 2024, arXiv 2310.16789), TOFU's
-answer probability, and MUSE's membership AUC over two sets of scores."""
+answer probability, and MUSE's membership AUC over two sets of scores, with its 95 % interval (DeLong et al. 1988)
+alone and as a difference between two models read on the same answers."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import mannwhitneyu
+from scipy.stats import mannwhitneyu, norm
 
 from .data.examples import IGNORE_INDEX
 
@@ -96,12 +98,79 @@ def membership_auc(forget_scores: Sequence[float], holdout_scores: Sequence[floa
     return float(statistic) / (len(forget_scores) * len(holdout_scores))
 
 
+#: The coverage of every membership AUC's interval.
+INTERVAL_LEVEL = 0.95
+
+
+def _delong_components(
+    forget_scores: Sequence[float], holdout_scores: Sequence[float]
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """The AUC of :func:`membership_auc` and DeLong's structural components (DeLong, DeLong & Clarke-Pearson 1988):
+    for each holdout score the share of forget scores under it (ties half), and for each forget score the share of
+    holdout scores over it."""
+    holdout = np.asarray(holdout_scores, dtype=np.float64)[:, None]
+    forget = np.asarray(forget_scores, dtype=np.float64)[None, :]
+    wins = (holdout > forget) + 0.5 * (holdout == forget)
+    return float(wins.mean()), wins.mean(axis=1), wins.mean(axis=0)
+
+
+def _half_width(variance: float, level: float) -> float:
+    return float(norm.ppf(0.5 + level / 2) * math.sqrt(max(variance, 0.0)))
+
+
+def membership_auc_interval(
+    forget_scores: Sequence[float], holdout_scores: Sequence[float], level: float = INTERVAL_LEVEL
+) -> tuple[float, float]:
+    """The ``level`` interval of :func:`membership_auc` over the answers (DeLong's variance, normal approximation,
+    clipped to [0, 1]): how far another draw of as many answers of each kind could read. NaN with fewer than two of
+    either."""
+    if len(forget_scores) < 2 or len(holdout_scores) < 2:
+        return float("nan"), float("nan")
+    auc, by_holdout, by_forget = _delong_components(forget_scores, holdout_scores)
+    variance = by_holdout.var(ddof=1) / len(holdout_scores) + by_forget.var(ddof=1) / len(forget_scores)
+    half = _half_width(variance, level)
+    return max(0.0, auc - half), min(1.0, auc + half)
+
+
+def paired_auc_difference(
+    forget_scores: Sequence[float],
+    holdout_scores: Sequence[float],
+    reference_forget_scores: Sequence[float],
+    reference_holdout_scores: Sequence[float],
+    level: float = INTERVAL_LEVEL,
+) -> tuple[float, float, float]:
+    """``(difference, low, high)``: one model's :func:`membership_auc` minus another's (the never-trained model's),
+    both read on the same answers in the same order, with the ``level`` interval of the difference (DeLong's paired
+    covariance: answers hard for one model are hard for the other, so the difference is read more finely than
+    either AUC). NaN interval with fewer than two answers of either kind."""
+    if len(forget_scores) != len(reference_forget_scores) or len(holdout_scores) != len(reference_holdout_scores):
+        raise ValueError(
+            "paired_auc_difference reads both models on the same answers: the score lists differ in length."
+        )
+    auc, by_holdout, by_forget = _delong_components(forget_scores, holdout_scores)
+    reference, reference_by_holdout, reference_by_forget = _delong_components(
+        reference_forget_scores, reference_holdout_scores
+    )
+    difference = auc - reference
+    if len(forget_scores) < 2 or len(holdout_scores) < 2:
+        return difference, float("nan"), float("nan")
+    variance = float(
+        np.var(by_holdout - reference_by_holdout, ddof=1) / len(holdout_scores)
+        + np.var(by_forget - reference_by_forget, ddof=1) / len(forget_scores)
+    )
+    half = _half_width(variance, level)
+    return difference, difference - half, difference + half
+
+
 __all__ = [
+    "INTERVAL_LEVEL",
     "answer_probabilities",
     "leave_out_final",
     "membership_auc",
+    "membership_auc_interval",
     "min_k_count",
     "min_k_per_example",
+    "paired_auc_difference",
     "probabilities_of",
     "shift_for_causal_lm",
     "token_log_probs",

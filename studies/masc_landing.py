@@ -49,7 +49,7 @@ from hf_unlearn.evaluation import (
     qa_membership_aucs,
 )
 from hf_unlearn.jobs import build_region, build_trainer, in_region, parse_overrides, region_misses, tofu_setting
-from hf_unlearn.objectives.masc import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
+from hf_unlearn.objectives.masc import NeverSeenLevels, matched_thresholds, spread_by_id, token_levels
 from hf_unlearn.scores import shift_for_causal_lm
 
 FUNCTION_WORDS = set(
@@ -204,14 +204,14 @@ class MembershipTrajectory(TrainerCallback):
 
 def matched_gaps(model: Any, tokenizer: Any, forget: list[dict], calibration: list[dict]) -> dict[str, float]:
     """The library's token-matched calibration gap (:func:`calibration_gap`: shared tokens at their own never-seen
-    level and spread, ``gap_all_token_mean`` at the level alone, the rest rank-matched among never-seen answers' own
-    words) from full answers, over every answer token and over the forget answers' own words alone (what Min-K% mostly
-    reads), and those words' mean log-probability beside the never-seen answers' own words'."""
+    level and spread, the rest rank-matched among never-seen answers' own words) from full answers, over every answer
+    token and over the forget answers' own words alone (what Min-K% mostly reads), and those words' mean
+    log-probability beside the never-seen answers' own words'."""
     rows = {name: token_table(model, tokenizer, records) for name, records in (("f", forget), ("c", calibration))}
     margins = {n: torch.tensor([r["margin"] for r in rs]) for n, rs in rows.items()}
     tokens = {n: torch.tensor([r["id"] for r in rs]) for n, rs in rows.items()}
-    ids, levels, own_margins, _, spread = token_levels(margins["c"], tokens["c"], torch.unique(tokens["f"]))
-    at_mean, levels = NeverSeenLevels(ids, levels), NeverSeenLevels(ids, levels, spread=spread)
+    ids, values, own_margins = token_levels(margins["c"], tokens["c"], torch.unique(tokens["f"]))
+    levels = NeverSeenLevels(ids, values, *spread_by_id(margins["c"], tokens["c"], ids, values))
     thresholds = matched_thresholds(margins["f"], own_margins, tokens["f"], levels)
     excess = torch.relu(margins["f"] - thresholds)
     own = ~torch.isin(tokens["f"], ids)
@@ -219,7 +219,6 @@ def matched_gaps(model: Any, tokenizer: Any, forget: list[dict], calibration: li
     log_probs = {n: torch.tensor([r["log_prob"] for r in rs]) for n, rs in rows.items()}
     return {
         "gap_all": excess.mean().item(),  # calibration_gap's reading, from the thresholds already matched
-        "gap_all_token_mean": calibration_gap(margins["f"], own_margins, tokens["f"], at_mean),
         "gap_own": excess[own].mean().item() if bool(own.any()) else 0.0,
         "own_share": own.float().mean().item(),
         "own_log_prob_forget": log_probs["f"][own].mean().item() if bool(own.any()) else 0.0,

@@ -66,14 +66,14 @@ def probe_history_table(result: dict) -> str:
     lines = []
     for run in result["runs"].get("masc", []):
         lines.append(f"\nMASC lr {run['learning_rate']:g} seed {run['seed']}: {run.get('stop_reason', '')}")
-        lines.append("| step | violation (train) | violation (never-seen) | gap | never-seen measured | retain prob | "
-                     "retain measured | forget prob (train) |")  # fmt: skip
-        lines.append("|---" * 8 + "|")
+        lines.append("| step | violation (train) | violation (never-seen) | gap | Min-K% AUC | read exactly | "
+                     "running Min-K% AUC | retain prob | retain measured | forget prob (train) |")  # fmt: skip
+        lines.append("|---" * 10 + "|")
         for h in run.get("probe_history", []):
             cells = [
                 h.get("violation_rate_train"), h.get("violation_rate_calibration"), h.get("calibration_gap"),
-                h.get("calibration_measured"), h.get("retain_probability"), h.get("retain_probability_measured"),
-                h.get("forget_probability_train"),
+                h.get("calibration_min_k_auc"), h.get("stop_read_exact"), h.get("running_calibration_min_k_auc"),
+                h.get("retain_probability"), h.get("retain_probability_measured"), h.get("forget_probability_train"),
             ]  # fmt: skip
             text = ["-" if c is None else f"{c:.3f}" for c in cells]
             lines.append(f"| {h['step']} | " + " | ".join(text) + " |")

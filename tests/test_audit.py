@@ -8,7 +8,6 @@ from conftest import quantized_and_kept
 
 from hf_unlearn.outputs.model_card import build_model_card
 from hf_unlearn.robustness.audit import (
-    PRIVLEAK_TOLERANCE,
     audit_markdown,
     membership_check,
     quantization_verdict,
@@ -26,7 +25,7 @@ def setting(suppressed_setting):
 def test_membership_verdicts_follow_museS_privleak(setting):
     tokenizer, forget, _, holdout, target, _, reference = setting
     remembered = membership_check(target, tokenizer, forget, holdout, reference_model=reference)
-    assert remembered["auc"]["min_k"] < 0.2 and remembered["privleak"]["min_k"] < -PRIVLEAK_TOLERANCE
+    assert remembered["auc"]["min_k"] < 0.2 and remembered["privleak"]["min_k"] < -20
     assert remembered["verdict"] == "under-unlearned"
     itself = membership_check(reference, tokenizer, forget, holdout, reference_model=reference)
     assert itself["privleak"]["min_k"] == 0.0 and itself["verdict"] == "like retraining"
@@ -60,6 +59,22 @@ def test_audit_fails_a_suppressed_model_and_says_why(setting):
     record.update(quantization=audit["quantization"], relearning=audit["relearning"])
     card = str(build_model_card(record, "out"))
     assert "## Robustness" in card and "| relearning | **failed** |" in card and "## Relearning check" in card
+    # the unlearning block, as a machine reads it back (issue 67): every attack with its interval and verdict
+    from huggingface_hub import ModelCard
+
+    block = ModelCard(card).data.to_dict()["unlearning"]
+    assert (
+        block["relearning"]["passed"] is False
+        and block["quantization"]["passed"] is verdicts["quantization"]["passed"]
+    )
+    membership = block["membership"]
+    assert membership["judged_by"] == "audit" and membership["landed"] is audit["membership"]["attacks"]["landed"]
+    rows = {row["attack"]: row for row in membership["attacks"]}
+    for attack, row in audit["membership"]["attacks"]["per_attack"].items():
+        assert rows[attack]["auc"] == pytest.approx(row["auc"]) and rows[attack]["verdict"] == row["verdict"]
+        assert rows[attack]["auc_interval"] == pytest.approx(audit["membership"]["auc_interval"][attack])
+        assert rows[attack]["never_trained_auc"] == pytest.approx(audit["membership"]["reference_auc"][attack])
+        assert rows[attack]["difference_interval"] == pytest.approx(row["off_interval"])
     json.dumps(audit)  # audit.json is plain JSON
 
 

@@ -171,8 +171,17 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     # forget set apart (issue 54): in the record, the report and the model card
     membership = tofu["membership"]
     assert set(membership["auc"]) == set(membership["never_trained_auc"]) == set(ATTACKS)
-    told = {a for a, auc in membership["auc"].items() if abs(auc - membership["never_trained_auc"][a]) > 0.1}
-    assert set(membership["membership"]["which"]) == told
+    verdict = membership["membership"]
+    judged = {a for a, row in verdict["per_attack"].items() if row["verdict"] != "too few answers to judge"}
+    told = {a for a in judged if abs(membership["auc"][a] - membership["never_trained_auc"][a]) > 0.1}
+    assert set(verdict["which"]) == told and set(verdict["too_few"]) == set(ATTACKS) - judged
+    for attack, row in verdict["per_attack"].items():  # each attack's interval, and the paired difference's
+        low, high = membership["auc_interval"][attack]
+        assert (
+            low <= membership["auc"][attack] <= high and row["off_interval"][0] <= row["off"] <= row["off_interval"][1]
+        )
+        low, high = row["off_interval"]
+        assert (attack in judged) is ((high - low) / 2 <= 0.1 or low > 0.1 or high < -0.1)
     line = membership_verdict_line(membership["membership"])
     assert line in (out / "report.md").read_text() and line in (out / "README.md").read_text()
     assert report["stop_reason"].startswith("target reached") and report["complete"]
@@ -212,6 +221,30 @@ def test_sequence_refuses_requests_without_a_model(tmp_path, capsys):
     model = tmp_path / "model"
     assert main(["sequence", "--output_dir", str(tmp_path / "s"), "--model_name_or_path", str(model)]) == 1
     assert "--requests first.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["demo", "sequence"])
+def test_demo_and_sequence_refuse_a_named_folder_that_holds_a_run(tmp_path, capsys, monkeypatch, command):
+    """Issue 67: `demo` and `sequence` overwrite only their own default folder; a folder the user named that holds a
+    run is refused before any work, as `run` refuses it, and nothing in it changes."""
+    from hf_unlearn.cli.main import DEMO_DEFAULTS, _parse, own_folder_defaults
+    from hf_unlearn.training.config import UnlearnConfig
+
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "unlearn_record.json").write_text('{"method": "masc"}')
+    (earlier / "model.safetensors").write_bytes(b"weights")
+    assert main([command, "--output_dir", str(earlier)]) == 1
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "--overwrite_output_dir" in err
+    assert (earlier / "model.safetensors").read_bytes() == b"weights" and (earlier / "unlearn_record.json").exists()
+    # the default folder (the demo is meant to be run again there) and an explicit flag overwrite
+    monkeypatch.chdir(tmp_path)
+    (config,) = _parse((UnlearnConfig,), [], defaults=own_folder_defaults([], DEMO_DEFAULTS))
+    assert config.overwrite_output_dir and config.output_dir == "hf-unlearn-demo"
+    named = ["--output_dir", str(earlier), "--overwrite_output_dir", "true"]
+    (config,) = _parse((UnlearnConfig,), named, defaults=own_folder_defaults(named, DEMO_DEFAULTS))
+    assert config.overwrite_output_dir
 
 
 @pytest.mark.slow
@@ -266,10 +299,8 @@ def test_a_lora_output_unlearned_again_keeps_its_ledger(tmp_path, local_model_an
     assert [e["request"] for e in again] == [1, 2] and again[0] == ledger[0]
 
 
-def test_every_command_spells_the_model_and_data_the_same_way_and_old_spellings_still_work(tmp_path, caplog):
-    """--model_name_or_path and --forget_data/--retain_data on every command; the flags of the previous release
-    (--model, --model_dir, --dataset_name, --retain_dataset_name) are read as those, with one warning each."""
-    import logging
+def test_every_command_spells_the_model_and_data_the_same_way(tmp_path):
+    """--model_name_or_path and --forget_data/--retain_data on every command; no other spelling is read."""
 
     from hf_unlearn.cli.arguments import (
         AuditArguments,
@@ -280,7 +311,7 @@ def test_every_command_spells_the_model_and_data_the_same_way_and_old_spellings_
         RunArguments,
         SequenceArguments,
     )
-    from hf_unlearn.cli.main import _parse, current_spelling
+    from hf_unlearn.cli.main import _parse
 
     for arguments in (RunArguments, SequenceArguments, EvalArguments, QuantCheckArguments, RelearnCheckArguments,
                       AuditArguments, PushArguments):  # fmt: skip
@@ -288,14 +319,10 @@ def test_every_command_spells_the_model_and_data_the_same_way_and_old_spellings_
         assert "model_name_or_path" in names and not names & {"model", "model_dir", "dataset_name"}, arguments
         if arguments is not PushArguments:
             assert {"forget_data", "retain_data", "question_column", "answer_column"} <= names, arguments
-    with caplog.at_level(logging.WARNING):
-        argv = current_spelling(["--model", "m", "--dataset_name=f.json", "--retain_dataset_name", "r.json"])
-    assert argv == ["--model_name_or_path", "m", "--forget_data=f.json", "--retain_data", "r.json"]
-    assert caplog.text.count("is deprecated") == 3 and "use --forget_data" in caplog.text
-    (cli,) = _parse((EvalArguments,), ["--model", "folder", "--forget_data", "f.json"])
+    (cli,) = _parse((EvalArguments,), ["--model_name_or_path", "folder", "--forget_data", "f.json"])
     assert cli.model_name_or_path == "folder" and cli.forget_data == "f.json"
-    (push,) = _parse((PushArguments,), ["--model_dir", "out", "--repo_id", "me/x"])
-    assert push.model_name_or_path == "out"
+    with pytest.raises(ValueError, match="unknown option.*model_dir"):  # the spellings of no release: unknown flags
+        _parse((PushArguments,), ["--model_dir", "out", "--repo_id", "me/x"])
     # Without a model the command says which flag it needs, before any work.
     assert main(["eval", "--forget_data", "f.json", "--output_dir", str(tmp_path)]) == 1
     assert main(["run", "--model_name_or_path", "m", "--output_dir", str(tmp_path / "r")]) == 1

@@ -204,14 +204,10 @@ def test_compare_adapts_the_modules_run_adapts_unless_told_otherwise():
     assert lora_targets(CompareArguments(lora_target_modules=["q_proj", "v_proj"])) == ["q_proj", "v_proj"]
 
 
-def test_compare_races_every_baseline_by_default_and_its_options_keep_their_old_import_path():
-    """compare's options sit with every other command's (hf_unlearn.cli.arguments); the studies' import path
-    hf_unlearn.jobs.compare.CompareArguments is an alias of them until 0.3."""
+def test_compare_races_every_baseline_by_default():
     from hf_unlearn.cli.arguments import CompareArguments
-    from hf_unlearn.jobs.compare import CompareArguments as OldPath
     from hf_unlearn.objectives import FORGET_OBJECTIVES, METHODS
 
-    assert OldPath is CompareArguments
     stopping = {method for method, (forget, _) in METHODS.items() if FORGET_OBJECTIVES[forget].stops_itself}
     assert "masc" in stopping and CompareArguments().methods == [m for m in METHODS if m not in stopping]
 
@@ -238,9 +234,9 @@ def test_table_of_baselines_alone_leaves_the_masc_columns_empty():
 def test_masc_overrides_are_typed_by_the_config_fields_and_checked_before_any_work(tmp_path, capsys):
     from hf_unlearn.jobs.compare import parse_overrides
 
-    items = ["retain_weight=3", "calibration_reference=current", "hoeffding=true", "utility_floor=none"]
+    items = ["retain_weight=3", "stop_probe=holdout", "hoeffding=true", "utility_floor=none"]
     parsed = parse_overrides(items)
-    expected = {"retain_weight": 3.0, "calibration_reference": "current", "hoeffding": True, "utility_floor": None}
+    expected = {"retain_weight": 3.0, "stop_probe": "holdout", "hoeffding": True, "utility_floor": None}
     assert parsed == expected
     assert isinstance(parsed["retain_weight"], float)
     assert parse_overrides(["probe_interval=2"]) == {"probe_interval": 2} and parse_overrides(None) == {}
@@ -250,6 +246,83 @@ def test_masc_overrides_are_typed_by_the_config_fields_and_checked_before_any_wo
         parse_overrides(["probe_interval=two"])
     # A value UnlearnConfig refuses stops the command before the target is learned or measured (seconds, not the
     # minutes of learning the embedded target: nothing is written).
-    status = main(["compare", "--masc_overrides", "calibration_reference=later", "--output_dir", str(tmp_path / "c")])
-    assert status == 1 and "calibration_reference must be one of" in capsys.readouterr().err
+    status = main(["compare", "--masc_overrides", "stop_probe=later", "--output_dir", str(tmp_path / "c")])
+    assert status == 1 and "stop_probe must be one of" in capsys.readouterr().err
     assert not (tmp_path / "c" / "compare_partial.json").exists()
+
+
+def test_the_region_passes_nothing_that_was_not_measured_and_judges_each_fluency_measure():
+    """Issue 67: hand-made rows. A NaN forget or retain ROUGE-L, a row with no real-knowledge or no fluency
+    measurement, a NaN never-trained AUC, and a value of 0 under a floor of 0.95 x 0 each miss the region; the
+    damaged and run-on shares are read against the levels the region holds (without them neither is judged)."""
+    from hf_unlearn.jobs.compare import build_region, region_misses
+
+    def measured(rouge=0.3, retain=0.95, auc=0.45, real_rouge=0.3, words=(8,) * 10, worst=(2.0,) * 10):
+        fluency = {
+            "repetitive_share": 0.0, "empty_share": 0.0, "reference_nll": 2.0,
+            "answer_words": list(words), "worst_token_nll": list(worst),
+        }  # fmt: skip
+        sets = {n: {"rouge_l_recall": real_rouge, "probability": 0.5, "truth_ratio": 0.6} for n in ("a", "b")}
+        return {
+            "forget": {"rouge_l_recall": rouge, "membership_auc": auc, "fluency": fluency},
+            "retain": {"rouge_l_recall": retain},
+            "real_knowledge": {**sets, "mean": 0.45, "utility": 0.1},
+        }
+
+    never = measured()
+    region = build_region(measured(rouge=0.9, auc=0.05), never, CompareArguments())
+    assert region_misses(never, region) == {}
+    assert region_misses(measured(rouge=float("nan")), region)["forget_rouge_l_recall"] == float("inf")
+    assert region_misses(measured(retain=float("nan")), region)["retain_rouge_l_recall"] == float("-inf")
+    no_knowledge = measured()
+    del no_knowledge["real_knowledge"]
+    assert region_misses(no_knowledge, region) == {"real_knowledge_mean": float("-inf")}
+    no_fluency = measured()
+    del no_fluency["forget"]["fluency"]
+    assert region_misses(no_fluency, region) == {"fluent": False}
+    unknown_level = build_region(measured(rouge=0.9), measured(auc=float("nan")), CompareArguments())
+    assert math.isnan(region_misses(measured(auc=0.0), unknown_level)["membership_auc"])
+    lost = build_region(measured(rouge=0.9, real_rouge=0.0), measured(real_rouge=0.0), CompareArguments())
+    assert lost["real_knowledge_min"]["a.rouge_l_recall"] == 0.0
+    assert region_misses(measured(real_rouge=0.0), lost)["real_knowledge_a.rouge_l_recall"] == float("-inf")
+    # answers running on (40 words where both models write 8) and damaged (a worst token at 12 nats, not 2)
+    run_on = region_misses(measured(words=(40,) * 10), region)
+    assert run_on["fluent"] is False and run_on["fluency_long_share"] == pytest.approx(1.0 - 0.1)
+    damaged = region_misses(measured(worst=(12.0,) * 10), region)
+    assert damaged["fluent"] is False and damaged["fluency_damaged_share"] == pytest.approx(1.0 - 0.1)
+
+
+def test_the_region_says_too_few_answers_where_the_paired_interval_cannot_judge():
+    """With both models' per-answer scores the region reads each attack's paired interval: 20 answers a side cannot
+    judge ±0.1 (the interval reaches ±0.15 here), so even a run equal to the never-trained model is not counted
+    as landed; 250 a side can, and the same run then lands."""
+    import numpy as np
+
+    from hf_unlearn.jobs.compare import build_region, region_misses
+
+    def measured(forget, holdout):
+        scores = {"forget": {"min_k": list(forget)}, "holdout": {"min_k": list(holdout)}}
+        auc = qa_auc(forget, holdout)
+        return {
+            "forget": {"rouge_l_recall": 0.3, "membership_auc": auc, "membership_scores": scores},
+            "retain": {"rouge_l_recall": 0.95},
+        }
+
+    def qa_auc(forget, holdout):
+        from hf_unlearn.scores import membership_auc
+
+        return membership_auc(list(forget), list(holdout))
+
+    rng = np.random.default_rng(0)
+    for size, judged in ((20, False), (250, True)):
+        forget, holdout = rng.normal(0, 1, size), rng.normal(0, 1, size)
+        never = measured(forget, holdout)
+        # each answer's score moved by as much again as the answers differ (a run and a never-trained model)
+        run = measured(forget + rng.normal(0, 1.0, size), holdout + rng.normal(0, 1.0, size))
+        region = build_region(measured(forget - 3, holdout), never, CompareArguments())
+        misses = region_misses(run, region)
+        assert ("membership_auc_interval" not in misses) is judged, (size, misses)
+        if not judged:
+            assert misses["membership_auc_interval"] > 0.1
+        else:
+            assert misses == {}

@@ -97,7 +97,7 @@ def test_probe_violation_rate_is_the_suffix_fraction_by_hand(tmp_path, texts):
     model = memorize(make_tiny_model(), texts, steps=12)  # partly learned: some tokens violate, some do not
     trainer = UnlearnTrainer(model, config(tmp_path, masc_k=3, masc_rho=0.5), texts)
     measured = trainer.probes.measure_margins(trainer.probes.sets.train)["fractions"]
-    scoring = trainer._score_forget.continuation
+    scoring = trainer._score_forget
     expected = []
     for i, text in enumerate(texts):
         ids = torch.tensor([text["input_ids"]])
@@ -175,39 +175,3 @@ def test_examples_too_short_to_cut_are_named(tmp_path, texts, caplog):
         )
     assert "8 of 8 forget examples have fewer than 40 scored tokens" in caplog.text
     assert [e["labels"] for e in trainer.probes.sets.train] == [e["labels"] for e in texts]
-
-
-def test_closing_tokens_leave_the_forget_scoring_and_nothing_else(tmp_path):
-    """score_answer_end=False: the trailing EOS / end-of-turn / newline of each forget and never-seen example are not
-    scored (training batches and probes alike); the answer's own tokens are, and so is a closing-like token inside."""
-    from hf_unlearn.benchmarks import build_tokenizer
-    from hf_unlearn.data import AnswerEndMask, answer_end_token_ids, tokenize_qa
-
-    tokenizer = build_tokenizer()
-    ends = answer_end_token_ids(tokenizer)
-    assert tokenizer.eos_token_id in ends and tokenizer.encode("author", add_special_tokens=False)[0] not in ends
-    example = tokenize_qa(tokenizer, "Who wrote it?", "Ana Lind wrote it.")
-    scored = [t for t, label in zip(example["input_ids"], example["labels"], strict=True) if label != IGNORE]
-    assert scored[-1] == tokenizer.eos_token_id
-    masked = AnswerEndMask(ends)(example)
-    kept = [t for t, label in zip(masked["input_ids"], masked["labels"], strict=True) if label != IGNORE]
-    assert kept == scored[: len(kept)] and kept and all(t not in ends for t in kept[-1:])
-    assert tokenizer.decode(kept).strip() == tokenizer.decode(scored, skip_special_tokens=True).strip()
-    only_closing = {**example, "labels": [IGNORE] * (len(example["labels"]) - 1) + [tokenizer.eos_token_id]}
-    assert AnswerEndMask(ends)(only_closing)["labels"] == only_closing["labels"]  # nothing else to score: kept
-    inside = {**example, "labels": [tokenizer.eos_token_id, *example["labels"][1:]]}
-    assert AnswerEndMask(ends)(inside)["labels"][0] == tokenizer.eos_token_id  # only the trailing run goes
-    records = [{"question": f"Who wrote book {i}?", "answer": f"Writer number {i} wrote it."} for i in range(8)]
-    from hf_unlearn import build_qa_dataset
-
-    forget = build_qa_dataset(records, tokenizer)
-    model = make_tiny_model(vocab_size=len(tokenizer))
-    args = unlearn_config(tmp_path, method="masc", score_answer_end=False, max_steps=1, retain_loss="none")
-    never_seen = build_qa_dataset([{**r, "answer": r["answer"].replace("wrote", "made")} for r in records], tokenizer)
-    trainer = UnlearnTrainer(model, args, forget, calibration_dataset=never_seen, processing_class=tokenizer)
-    for labels in [trainer.train_dataset[0]["forget"]["labels"], *[e["labels"] for e in trainer.probes.sets.train]]:
-        assert [t for t in labels if t != IGNORE][-1] not in ends
-    assert all([t for t in e["labels"] if t != IGNORE][-1] not in ends for e in trainer.probes.sets.calibration)
-    assert trainer._make_record(final=False).hyperparameters["score_answer_end"] is False
-    default = UnlearnTrainer(model, unlearn_config(tmp_path, method="masc", retain_loss="none"), forget)
-    assert [t for t in default.train_dataset[0]["forget"]["labels"] if t != IGNORE][-1] == tokenizer.eos_token_id

@@ -90,6 +90,33 @@ def test_model_card_records_the_unlearning(tmp_path):
     saved = UnlearnRecord.load(str(tmp_path / "out"))
     assert saved.complete and saved.after["forget"]["rouge_l_recall"] == 0.2
     assert saved.stopped_early and saved.global_step == saved.stop_step == 2  # a random model violates nothing
+    # for machines (issue 67): the Hub's model-index and the unlearning block, read back by huggingface_hub
+    from huggingface_hub import ModelCard
+
+    from hf_unlearn.outputs.card_metadata import UNLEARNING_SCHEMA
+
+    loaded = ModelCard.load(str(tmp_path / "out" / "README.md"))
+    results = {(r.dataset_split, r.metric_type): r for r in loaded.data.eval_results}
+    assert (
+        results[("forget", "rouge_l_recall")].metric_value == 0.2
+        and results[("forget", "exact_match")].metric_value == 0
+    )
+    assert results[("forget", "probability")].dataset_type == "locuslab/TOFU"
+    assert loaded.data.model_name == "out" and "model-index" in card
+    block = loaded.data.to_dict()["unlearning"]
+    assert block["schema"] == UNLEARNING_SCHEMA and block["method"] == "masc" and block["base_model"] is None
+    assert block["objectives"] == {"forget": "masc", "retain": "kl"}
+    assert block["papers"][0]["title"].startswith("Fast Unlearning at Scale") and block["papers"][0]["url"]
+    assert block["forget_set"] == {
+        "name": "locuslab/TOFU / forget10", "num_examples": 8, "fingerprint": saved.forget_fingerprint
+    }  # fmt: skip
+    assert block["forget_set"]["fingerprint"].startswith("sha256:")
+    assert block["stop"] == {"rule": saved.hyperparameters["stop_target"], "kind": "target", "step": 2,
+                             "reason": saved.stop_reason}  # fmt: skip
+    assert block["membership"] == {"judged_by": None, "landed": None, "tolerance": None, "attacks": []}
+    assert (
+        block["quantization"] is None and block["relearning"] is None and block["beyond_paper"] == saved.beyond_paper
+    )
 
 
 def test_card_lists_each_objectives_own_hyperparameters(tmp_path):
@@ -296,6 +323,8 @@ def test_push_command_without_network_names_the_problem(tmp_path, monkeypatch, c
         "someone/unlearned",
         "--merge_adapter",
         "true",
+        "--push_unverified",  # past the verdict check (test_push_refuses_a_run_its_record_does_not_call_forgotten)
+        "true",
     ]
     assert main(push) == 1 and "offline mode is on" in capsys.readouterr().err
     assert main(["push", "--model_name_or_path", str(tmp_path / "missing"), "--repo_id", "someone/unlearned"]) == 1
@@ -368,7 +397,8 @@ def test_push_refuses_an_adapter_whose_base_is_a_local_path(tmp_path, monkeypatc
     assert folder_digest(out) == before
     # Either way out gets past the check (and then stops at the offline Hub, still changing nothing).
     for way_out in (["--merge_adapter", "true"], ["--base_model_id", "someone/tiny-base"]):
-        assert main(push + way_out) == 1 and "offline mode is on" in capsys.readouterr().err
+        assert main(push + way_out + ["--push_unverified", "true"]) == 1
+        assert "offline mode is on" in capsys.readouterr().err
     assert main(push + ["--base_model_id", "./base"]) == 1 and "not a Hub model id" in capsys.readouterr().err
     assert folder_digest(out) == before
     # What --base_model_id uploads: a copy whose adapter config, record and card name the Hub model.
@@ -381,3 +411,54 @@ def test_push_refuses_an_adapter_whose_base_is_a_local_path(tmp_path, monkeypatc
     card = (staged / "README.md").read_text()
     assert "base_model: someone/tiny-base" in card and digest in card and base not in card
     assert folder_digest(out) == before
+
+
+def test_push_refuses_a_run_its_record_does_not_call_forgotten(tmp_path, monkeypatch, capsys):
+    """Issue 67: `push` refuses, before anything is written or uploaded, a run with no membership verdict, one whose
+    verdict says the forget set still tells (or could not be judged), one whose 4-bit reload brought answers back,
+    and a failed run; --push_unverified lets it through and the card then says what the record said. A public
+    repository is created only when asked."""
+    from huggingface_hub import ModelCard
+
+    from hf_unlearn.cli.arguments import PushArguments
+    from hf_unlearn.outputs.hub import unverified_reasons
+    from hf_unlearn.outputs.model_card import build_model_card
+
+    assert PushArguments().private is True
+    trainer = trainer_for(tmp_path)
+    trainer.train()
+    trainer.save_model()
+    out = str(tmp_path / "out")
+    before = folder_digest(out)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    push = ["push", "--model_name_or_path", out, "--repo_id", "someone/unlearned"]
+    assert main(push) == 1
+    error = capsys.readouterr().err
+    assert "not pushed" in error and "no membership verdict" in error and "--push_unverified true" in error
+    assert folder_digest(out) == before
+    record = UnlearnRecord.load(out)
+
+    def reasons(**fields):
+        record.update(**fields).save(out)
+        return unverified_reasons(out)
+
+    from hf_unlearn.evaluation.membership import membership_verdict
+
+    never, measured = {"loss": 0.40, "zlib": 0.40}, {"loss": 0.42, "zlib": 0.45}
+    landed = membership_verdict(measured, never, off_intervals={"loss": (-0.02, 0.06), "zlib": (0.0, 0.1)})
+    assert reasons(evaluation={"membership": {"membership": landed}}) == []
+    too_few = membership_verdict(measured, never, off_intervals={"loss": (-0.2, 0.24), "zlib": (-0.12, 0.22)})
+    assert "Too few answers to judge 2 of 2" in reasons(evaluation={"membership": {"membership": too_few}})[0]
+    audit = {"verdicts": {
+        "membership": {"passed": True, "finding": "alike", "threshold": ""},
+        "quantization": {"passed": False, "finding": "NF4 brings 6 answers back", "threshold": ""},
+    }}  # fmt: skip
+    assert reasons(audit=audit) == ["the audit's quantization verdict: NF4 brings 6 answers back"]
+    audit["verdicts"]["quantization"]["passed"] = True
+    assert reasons(audit=audit) == []
+    assert "the run failed" in reasons(stop_kind="utility_floor")[0]
+    # pushed anyway: past the verdict (here stopped by the offline Hub), and the card says so
+    assert main(push + ["--push_unverified", "true"]) == 1 and "offline mode is on" in capsys.readouterr().err
+    record.update(extra={**record.extra, "pushed_unverified": ["no membership verdict"]})
+    card = ModelCard(str(build_model_card(record, "someone/unlearned")))
+    assert "Published although its own record does not say it forgot" in card.text

@@ -136,7 +136,8 @@ def test_eval_command_on_local_tofu_and_muse(tofu_repo, muse_repo, tiny_model_di
     assert leaks == {"loss": 0.0, "zlib": 0.0, "min_k": 0.0, "min_k_plus_plus": 0.0, "gradnorm": 0.0}
     # the same model as its own reference: every attack at its reference's AUC, so none tells the forget set apart
     text = (again / "eval.md").read_text()
-    assert "| attack | AUC | never-trained AUC | PrivLeak (%) | tells the forget set apart |" in text
+    header = "| attack | AUC [95 % interval] | never-trained AUC | difference [95 % interval] | PrivLeak (%) | verdict"
+    assert header in text and "| +0.000 [+0.000, +0.000] | 0 | lands |" in text  # paired: the same answers
     assert "| min_k |" in text and "none of the 5 attacks tells the forget set from never-seen data" in text
     assert json.loads((again / "eval.json").read_text())["muse"]["membership"]["landed"] is True
 

@@ -124,83 +124,31 @@ def test_two_sided_hinge_stops_at_the_counterpart_and_pulls_back_what_fell_below
     assert one_sided.item() == pytest.approx((2.0 - 0.5 + 0.9 - 0.5 + 0.7 - 0.5) / eta / 4)
 
 
-def test_token_matched_counterparts_hold_shared_words_to_their_own_never_seen_level():
-    """calibration_match='token': ids the forget answers share with the never-seen answers get that id's mean
-    never-seen margin; the forget answers' own words are matched by rank to the never-seen answers' own words."""
-    from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, token_levels
+def test_id_matched_counterparts_hold_shared_words_to_their_own_never_seen_level():
+    """calibration_match='id_spread': ids the forget answers share with the never-seen answers get that id's mean
+    never-seen margin plus its own never-seen deviation at their rank (one occurrence: the median); the forget
+    answers' own words are matched by rank to the never-seen answers' own words."""
+    from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, spread_by_id, token_levels
 
     never_seen = torch.tensor([5.0, 7.0, -4.0, 8.0, -6.0, -2.0])
     never_seen_ids = torch.tensor([10, 10, 30, 11, 31, 32])  # 10 "was" twice, 11 the end of turn, 30-32 their names
     shared_ids = torch.tensor([10, 11, 12, 20, 21])
-    ids, levels, own, copied, spread = token_levels(never_seen, never_seen_ids, shared_ids=shared_ids)
+    ids, levels, own = token_levels(never_seen, never_seen_ids, shared_ids=shared_ids)
     assert ids.tolist() == [10, 11] and levels.tolist() == [6.0, 8.0] and own.tolist() == [-6.0, -4.0, -2.0]
-    assert copied.numel() == 0 and spread.tolist() == [-1.0, 0.0, 1.0]  # "was" at 5 and 7 around 6, the end at 8
+    spread, offsets = spread_by_id(never_seen, never_seen_ids, ids, levels)
+    assert spread.tolist() == [-1.0, 1.0, 0.0] and offsets.tolist() == [0, 2, 3]  # "was" at 5 and 7 around 6
+    matched = NeverSeenLevels(ids, levels, spread, offsets)
     forget = torch.tensor([-1.0, 3.0, 0.5, -3.0])
     forget_ids = torch.tensor([10, 11, 20, 21])  # "was" fell to -1 (its level 6), the end to 3 (level 8)
-    thresholds = matched_thresholds(forget, own, forget_ids, (ids, levels))
+    thresholds = matched_thresholds(forget, own, forget_ids, matched)
     assert thresholds.tolist() == [6.0, 8.0, -2.0, -6.0]  # own words by rank: 0.5 the higher gets -2, -3 gets -6
     by_rank = matched_thresholds(forget, never_seen.sort().values)
     assert by_rank.tolist() != thresholds.tolist()
     # the one-sided gap sees the own words' excess (2.5 and 3.0) and nothing of the fallen shared words
-    assert calibration_gap(forget, own, forget_ids, (ids, levels)) == pytest.approx((2.5 + 3.0) / 4)
-    # with the spread: "was" is 7 under its level, the end 5 under its own; ranked, "was" gets the lowest never-seen
-    # deviation (-1), the end the highest (+1)
-    spread_matched = matched_thresholds(forget, own, forget_ids, NeverSeenLevels(ids, levels, spread=spread))
-    assert spread_matched.tolist() == [5.0, 9.0, -2.0, -6.0]
-
-
-def test_spread_matched_shared_words_see_a_missing_low_tail_that_their_mean_level_hides():
-    """calibration_match='token_spread' matches a shared word with its id's never-seen level plus the never-seen
-    spread at its rank ('token': the level alone). Shared words all held exactly at their never-seen mean look like no
-    excess at all to the mean; by their spread, never-seen words are not all that predictable, so the low half of
-    the forget set's sits above never-seen data's low tail, and a never-seen sample has no excess over itself."""
-    from hf_unlearn.objectives.masc.calibration import calibration_gap, token_levels
-
-    never_seen = torch.tensor([2.0, -4.0, 3.0, -5.0, 1.0, -3.0])
-    never_seen_ids = torch.tensor([10, 10, 11, 11, 12, 12])  # levels -1 for each id, deviations -2..+4
-    ids, levels, own, _, spread = token_levels(never_seen, never_seen_ids, torch.tensor([10, 11, 12]))
-    assert levels.tolist() == [-1.0, -1.0, -1.0] and spread.tolist() == [-4.0, -3.0, -2.0, 2.0, 3.0, 4.0]
-    at_level = torch.full((6,), -1.0)  # every forget occurrence exactly at its id's mean
-    mean_only, with_spread = NeverSeenLevels(ids, levels), NeverSeenLevels(ids, levels, spread=spread)
-    assert calibration_gap(at_level, own, never_seen_ids, mean_only) == 0.0
-    assert calibration_gap(at_level, own, never_seen_ids, with_spread) == pytest.approx((4 + 3 + 2) / 6)
-    assert calibration_gap(never_seen, own, never_seen_ids, with_spread) == pytest.approx(0.0, abs=1e-6)
-    assert calibration_gap(never_seen, own, never_seen_ids, mean_only) == pytest.approx((3 + 4 + 2) / 6)
-
-
-def test_prompt_copies_marks_the_answer_tokens_their_own_prompt_holds():
-    from hf_unlearn.objectives.masc.calibration import prompt_copies
-
-    # row 0: prompt [5, 6, 7], answer [6, 9]; row 1: prompt [9] and a pad (0, not attended), answer [0, 5]
-    input_ids = torch.tensor([[5, 6, 7, 6, 9], [9, 0, 0, 0, 5]])
-    labels = torch.tensor([[-100, -100, -100, 6, 9], [-100, -100, -100, 0, 5]])
-    attention_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 0, 1, 1, 1]])
-    copies = prompt_copies(input_ids, labels, attention_mask)
-    # row 1, position 2 is attended prompt, so the answer's 0 is held by the prompt; 5 is only in row 0's prompt
-    assert copies.tolist() == [[False, False, False, True, False], [False, False, False, True, False]]
-    assert prompt_copies(input_ids, labels, torch.tensor([[1] * 5, [1, 0, 0, 1, 1]]))[1].tolist() == [False] * 5
-
-
-def test_prompt_matched_counterparts_rank_repeated_words_among_the_never_seen_repeated_words():
-    """calibration_match='prompt': an own word the forget prompt holds (the author's name) is ranked among the
-    never-seen answers' own words repeated from their prompts, the other own words among the rest."""
-    from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, token_levels
-
-    never_seen = torch.tensor([5.0, 2.0, -4.0, 1.0, -6.0])
-    never_seen_ids = torch.tensor([10, 40, 30, 41, 31])  # 10 shared; 40, 41 their names (repeated); 30, 31 facts
-    repeated = torch.tensor([False, True, False, True, False])
-    ids, levels, own, copied, _ = token_levels(never_seen, never_seen_ids, torch.tensor([10, 20, 21, 22]), repeated)
-    assert ids.tolist() == [10] and own.tolist() == [-6.0, -4.0] and copied.tolist() == [1.0, 2.0]
-    forget = torch.tensor([4.0, -3.0, 3.0, 0.0])
-    forget_ids = torch.tensor([10, 20, 21, 22])  # 20 the forget author's name (in its question), 21 and 22 facts
-    forget_repeated = torch.tensor([False, True, False, False])
-    thresholds = matched_thresholds(forget, own, forget_ids, (ids, levels, copied), forget_repeated)
-    assert thresholds.tolist() == [5.0, 1.5, -4.0, -6.0]  # the name alone among the repeated: their median
-    # without the flags (or the 'token' match) the name is ranked among the facts
-    assert matched_thresholds(forget, own, forget_ids, (ids, levels))[1].item() == -6.0
-    # the name sits 4.5 below its never-seen counterpart: the one-sided gap counts only the facts' excess
-    gap = calibration_gap(forget, own, forget_ids, (ids, levels, copied), forget_repeated)
-    assert gap == pytest.approx((7.0 + 6.0) / 4)
+    assert calibration_gap(forget, own, forget_ids, matched) == pytest.approx((2.5 + 3.0) / 4)
+    # "was" twice, 7 and 5 under its level: ranked among themselves, against its never-seen deviations -1 and +1
+    twice = matched_thresholds(torch.tensor([-1.0, 1.0]), own, torch.tensor([10, 10]), matched)
+    assert twice.tolist() == [5.0, 7.0]
 
 
 def test_hinge_rejects_batches_without_answer_tokens():
@@ -306,24 +254,22 @@ def test_the_probe_measures_hand_margins_with_the_lm_head_on_the_answers_only(ar
     assert measured["min_k"].tolist() == pytest.approx([sum(v) / len(v) for v in lowest], rel=1e-5)
 
 
-def test_id_spread_finds_a_function_words_missing_low_tail_that_pooled_spread_fills_with_names():
+def test_id_spread_finds_a_function_words_missing_low_tail():
     """calibration_match='id_spread' (beyond the paper) matches each shared word with its own id's never-seen spread,
-    ranked among the call's tokens of that id; 'token_spread' pools the spread over ids. A forget set whose function
-    word sits at its never-seen mean while its name piece has the spread the function word should have looks
-    never-seen pooled (the name's tails stand in for the function word's) and not per id. Never-seen answers matched
-    against themselves have no excess either way."""
+    ranked among the call's tokens of that id. A forget set whose function word sits at its never-seen mean while
+    its name piece has the spread the function word should have is not read as never-seen (pooled over ids, the
+    name's tails stood in for the function word's: docs/studies/masc_landing.md). Never-seen answers matched against
+    themselves have no excess."""
     from hf_unlearn.objectives.masc.calibration import calibration_gap, matched_thresholds, spread_by_id, token_levels
 
     never_seen = torch.tensor([-5.0, 7.0, 2.0, 2.0])
     never_seen_ids = torch.tensor([10, 10, 11, 11])  # "was": level 1, deviations -6, +6; a name piece: level 2, none
-    ids, levels, own, _, pooled = token_levels(never_seen, never_seen_ids, torch.tensor([10, 11]))
+    ids, levels, own = token_levels(never_seen, never_seen_ids, torch.tensor([10, 11]))
     spread, offsets = spread_by_id(never_seen, never_seen_ids, ids, levels)
     assert spread.tolist() == [-6.0, 6.0, 0.0, 0.0] and offsets.tolist() == [0, 2, 4]
-    per_id = NeverSeenLevels(ids, levels, None, spread, offsets)
-    pooled_levels = NeverSeenLevels(ids, levels, None, pooled)
+    per_id = NeverSeenLevels(ids, levels, spread, offsets)
     forget = torch.tensor([1.0, 1.0, -4.0, 8.0])  # "was" twice at its mean; the name piece spread -6, +6
     forget_ids = torch.tensor([10, 10, 11, 11])
-    assert calibration_gap(forget, own, forget_ids, pooled_levels) == pytest.approx(0.0, abs=1e-6)
     assert matched_thresholds(forget, own, forget_ids, per_id).tolist() == [-5.0, 7.0, 2.0, 2.0]
     assert calibration_gap(forget, own, forget_ids, per_id) == pytest.approx((6.0 + 6.0) / 4)
     assert calibration_gap(never_seen, own, never_seen_ids, per_id) == pytest.approx(0.0, abs=1e-6)

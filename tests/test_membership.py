@@ -330,8 +330,16 @@ def test_compare_measurement_scores_the_forget_answers_once_for_min_k(tokenizer,
     old = measure_qa_sets(model, tokenizer, {"forget": forget, "retain": retain}, forget_set="forget")
     assert measured["forget"]["membership_auc"] == qa_membership_auc(model, tokenizer, forget, holdout)
     assert measured["forget"]["membership_aucs"] == {"min_k": measured["forget"]["membership_auc"]}
-    without = {k: v for k, v in measured["forget"].items() if k not in ("membership_auc", "membership_aucs")}
+    read = ("membership_auc", "membership_aucs", "membership_auc_intervals", "membership_scores")
+    without = {k: v for k, v in measured["forget"].items() if k not in read}
     assert without == old["forget"]
+    # the scores the AUC was read from, and its interval
+    scores = measured["forget"]["membership_scores"]
+    assert scores["forget"]["min_k"] == pytest.approx(own["forget"], abs=1e-5) and scores["holdout"][
+        "min_k"
+    ] == pytest.approx(own["holdout"], abs=1e-5)
+    low, high = measured["forget"]["membership_auc_intervals"]["min_k"]
+    assert low <= measured["forget"]["membership_auc"] <= high
     assert measured["retain"] == old["retain"]
     # every attack (compare's region, issue 54): each AUC is the one its own scoring of both sets gives
     every = measure_qa_sets(
@@ -370,3 +378,67 @@ def test_membership_verdict_judges_every_attack_against_the_never_trained_model_
     landed = membership_verdict({"min_k": 0.5, "loss": 0.45})
     assert landed["landed"] and "none of the 2 attacks" in membership_verdict_line(landed)
     assert not membership_verdict({})["landed"]  # nothing read, nothing landed
+
+
+def test_auc_intervals_cover_the_true_auc_and_the_paired_difference_is_read_finer():
+    """DeLong's interval of one AUC covers the true AUC of the scores' distributions about 95 % of the time at the
+    demo's size (20 answers a side, half-width ~0.17); the paired interval of two models' difference on the same
+    answers covers the true difference as often and is narrower than treating the two as independent."""
+    import numpy as np
+    from scipy.stats import norm
+
+    from hf_unlearn.scores import membership_auc_interval, paired_auc_difference
+
+    rng = np.random.default_rng(0)
+    shift_a, shift_b, noise = 0.5, 0.3, 0.5
+    # scores: a shared per-answer difficulty plus each model's own noise; AUC of N(s, 1 + noise^2) against N(0, ...)
+    true_a, true_b = (norm.cdf(shift / np.sqrt(2 * (1 + noise**2))) for shift in (shift_a, shift_b))
+    covered, covered_difference, paired_widths, independent_widths = 0, 0, [], []
+    trials = 400
+    for _ in range(trials):
+        forget, holdout = rng.normal(0, 1, 20), rng.normal(0, 1, 20)
+        a = (forget + rng.normal(0, noise, 20), holdout + shift_a + rng.normal(0, noise, 20))
+        b = (forget + rng.normal(0, noise, 20), holdout + shift_b + rng.normal(0, noise, 20))
+        low, high = membership_auc_interval(a[0].tolist(), a[1].tolist())
+        covered += low <= true_a <= high
+        difference, low, high = paired_auc_difference(a[0].tolist(), a[1].tolist(), b[0].tolist(), b[1].tolist())
+        covered_difference += low <= true_a - true_b <= high
+        paired_widths.append(high - low)
+        independent = [membership_auc_interval(m[0].tolist(), m[1].tolist()) for m in (a, b)]
+        independent_widths.append(2 * np.hypot(*[(h - lo) / 2 for lo, h in independent]))
+    assert 0.91 <= covered / trials <= 0.98
+    assert 0.91 <= covered_difference / trials <= 0.99
+    assert np.mean(paired_widths) < 0.8 * np.mean(independent_widths)
+    assert 0.15 < np.mean(independent_widths) / 2 / np.sqrt(2) < 0.2  # one AUC of 20 against 20: about ±0.17
+    assert all(np.isnan(v) for v in membership_auc_interval([0.1], [0.2, 0.3]))
+    with pytest.raises(ValueError, match="same answers"):
+        paired_auc_difference([0.1, 0.2], [0.3, 0.4], [0.1], [0.3, 0.4])
+
+
+def test_the_verdict_says_too_few_answers_where_the_interval_cannot_judge_the_tolerance():
+    """An attack whose difference to the never-trained model has a 95 % interval wider than ±0.1 is neither 'lands'
+    nor 'tells': 'too few answers to judge', and the run has not landed; within ±0.1 the point decides, and the
+    verdict is 'certain' where the whole interval is on one side of the tolerance."""
+    from hf_unlearn.evaluation.membership import membership_verdict, membership_verdict_line
+
+    never = {"loss": 0.40, "min_k": 0.40, "zlib": 0.40}
+    measured = {"loss": 0.42, "min_k": 0.20, "zlib": 0.45}
+    intervals = {"loss": (-0.02, 0.06), "min_k": (-0.26, -0.14), "zlib": (-0.12, 0.22)}
+    verdict = membership_verdict(measured, never, off_intervals=intervals)
+    rows = verdict["per_attack"]
+    assert rows["loss"]["verdict"] == "lands" and rows["loss"]["certain"]
+    assert rows["min_k"]["verdict"] == "tells" and rows["min_k"]["certain"] and rows["min_k"]["side"] == "member"
+    assert rows["zlib"]["verdict"] == "too few answers to judge" and not rows["zlib"]["distinguishes"]
+    assert verdict["too_few"] == ["zlib"] and verdict["which"] == ["min_k"] and not verdict["landed"]
+    line = membership_verdict_line(verdict)
+    assert "Too few answers to judge 1 of 3 (zlib)" in line and "±0.17" in line and "[-0.260, -0.140]" in line
+    near = membership_verdict({"loss": 0.49}, never, off_intervals={"loss": (0.02, 0.16)})["per_attack"]["loss"]
+    assert near["verdict"] == "lands" and not near["certain"]  # 0.09 off: lands, but the interval reaches past 0.1
+    alone = membership_verdict({"loss": 0.42}, never, off_intervals={"loss": (-0.02, 0.06)})
+    assert alone["landed"] and "none of the 1 attacks" in membership_verdict_line(alone)
+    # wide, but wholly past the tolerance: it tells however few the answers (the demo's Min-K%++, -0.33 [-0.50, -0.15])
+    wide = membership_verdict({"mkpp": 0.07}, {"mkpp": 0.40}, off_intervals={"mkpp": (-0.50, -0.15)})
+    row = wide["per_attack"]["mkpp"]
+    assert row["verdict"] == "tells" and row["certain"] and row["side"] == "member" and wide["too_few"] == []
+    unjudged = membership_verdict({"loss": 0.42}, never, off_intervals={"loss": (float("nan"), float("nan"))})
+    assert unjudged["too_few"] == ["loss"] and not unjudged["landed"]  # no interval (one answer): not judged

@@ -159,23 +159,6 @@ def test_two_sided_masc_hinge_pulls_back_a_token_below_its_counterpart():
     assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(run(FORGET_OBJECTIVES, "masc"), rel=1e-6)
 
 
-def test_masc_hinge_matches_a_word_the_prompt_holds_with_the_never_seen_repeated_words():
-    """calibration_match='prompt': the answer token its prompt holds too (2: input_ids [2, 1, 2]) gets the threshold
-    of the never-seen repeated words, the other the never-seen own words' (one value each, so by hand)."""
-    first, second = hand_masc_margins()  # token 1 (not in the prompt), token 2 (in the prompt)
-    own, repeated = torch.tensor([first - 1.0]), torch.tensor([second - 2.0])
-    empty = torch.empty(0)
-    config = types.SimpleNamespace(**{**vars(CONFIG), "masc_threshold": "calibration", "masc_hinge": "one_sided"})
-    inputs = LossInputs(
-        logits=LOGITS, labels=LABELS, config=config, calibration_margins=own, input_ids=torch.tensor([[2, 1, 2]]),
-        calibration_levels=(empty.long(), empty, repeated), attention_mask=torch.ones(1, 3, dtype=torch.long),
-    )  # fmt: skip
-    assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx((1.5 + 2.5) / 0.5 / 2, rel=1e-6)
-    inputs.input_ids = torch.tensor([[3, 1, 2]])  # nothing repeated: both against the own words
-    both_own = (1.5 + max(second - (first - 1.0 - 0.5), 0.0)) / 0.5 / 2
-    assert both_own != pytest.approx(4.0) and FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(both_own)
-
-
 def hand_rival_kl(position: int, target: int, logits: torch.Tensor = LOGITS, temperature: float = 1.0) -> float:
     """KL(reference || model) of the two distributions over the tokens other than ``target``, by definition; the
     reference's logits divided by ``temperature`` first."""

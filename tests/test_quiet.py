@@ -101,7 +101,10 @@ def test_hf_unlearn_compare_tofu_shows_its_stages_bars_and_nothing_else(tmp_path
                           env=environment, cwd=tmp_path, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = [line.strip() for line in done.stderr.replace("\r", "\n").split("\n") if line.strip()]
-    assert [line for line in lines if not line.startswith(COMPARE_STAGES)] == [], lines
+    # the miniature's tiny models answer no real-knowledge question: a value both lost cannot be judged kept, and
+    # compare says so (the region's holes, issue 67)
+    unjudged = "the never-trained model lies outside its own region"
+    assert [line for line in lines if not line.startswith(COMPARE_STAGES) and unjudged not in line] == [], lines
     for stage in ("Learning TOFU authors", "hf-unlearn compare: the region:"):
         assert any(line.startswith(stage) for line in lines), stage
     race = [line for line in lines if line.startswith("hf-unlearn compare:") and "region" not in line]

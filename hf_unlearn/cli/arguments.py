@@ -1,8 +1,7 @@
 """The options of each ``hf-unlearn`` command besides the ``UnlearnConfig`` fields, built from shared pieces so that
 every command spells the model, the data, the benchmark split and the LoRA adapter the same way:
 ``--model_name_or_path``, ``--forget_data`` / ``--retain_data`` / ``--calibration_data`` / ``--holdout_data``,
-``--benchmark`` / ``--split``, ``--lora_r`` / ``--lora_target_modules``. The spellings of earlier releases are accepted
-with a deprecation message (:data:`DEPRECATED_FLAGS`)."""
+``--benchmark`` / ``--split``, ``--lora_r`` / ``--lora_target_modules``."""
 
 from __future__ import annotations
 
@@ -16,16 +15,6 @@ PROMPT_TEMPLATE_HELP = (
     "'Question: {question}\\nAnswer: {answer}'; 'chat', 'plain', or your own format string with {question} and "
     "{answer}, e.g. '### Q: {question}\\n### A: {answer}'."
 )
-
-#: Flags of earlier releases -> their spelling now (accepted for one more release, with a warning).
-DEPRECATED_FLAGS = {
-    "--model": "--model_name_or_path",
-    "--model_dir": "--model_name_or_path",
-    "--dataset_name": "--forget_data",
-    "--retain_dataset_name": "--retain_data",
-    "--calibration_dataset_name": "--calibration_data",
-}
-DEPRECATED_UNTIL = "0.3"
 
 
 @dataclass
@@ -393,7 +382,16 @@ class PushArguments(ModelArguments):
             "pushed adapter_config.json and card name it instead of the local path."
         },
     )
-    private: bool | None = field(default=None, metadata={"help": "Create the repository as private."})
+    private: bool = field(
+        default=True, metadata={"help": "Create the repository as private (false: public, only when asked)."}
+    )
+    push_unverified: bool = field(
+        default=False,
+        metadata={
+            "help": "Push a run whose own record does not say the forget set was forgotten (membership verdict not "
+            "landed or never judged, a failed quantization verdict, a failed run); the card then says so."
+        },
+    )
 
 
 @dataclass

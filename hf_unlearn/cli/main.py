@@ -38,9 +38,16 @@ DEMO_DEFAULTS = {
     "num_train_epochs": 80,
     "report_to": "none",
     "save_strategy": "no",
-    # The demo is meant to be run again; its own folder holds nothing else.
-    "overwrite_output_dir": True,
 }
+
+
+def own_folder_defaults(argv: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``defaults`` with ``overwrite_output_dir=True`` when the command writes to its own default folder (the demo is
+    meant to be run again there); a folder the user named is refused while it holds a run, as ``run`` refuses it,
+    unless ``--overwrite_output_dir`` says otherwise."""
+    expanded = yaml_to_argv(argv[0]) + argv[1:] if argv and argv[0].endswith((".yaml", ".yml")) else argv
+    named = any(arg.partition("=")[0] == "--output_dir" for arg in expanded)
+    return defaults if named else {**defaults, "overwrite_output_dir": True}
 
 
 class ConfigurationError(ValueError):
@@ -85,24 +92,6 @@ def yaml_to_argv(path: str) -> list[str]:
     return argv
 
 
-def current_spelling(argv: list[str]) -> list[str]:
-    """``argv`` with the flags of earlier releases (:data:`~hf_unlearn.cli.arguments.DEPRECATED_FLAGS`, also as YAML
-    keys) in today's spelling, each named once in a deprecation warning."""
-    from .arguments import DEPRECATED_FLAGS, DEPRECATED_UNTIL
-
-    result = []
-    for arg in argv:
-        flag, equals, value = arg.partition("=")
-        if flag in DEPRECATED_FLAGS:
-            get_logger().warning(
-                f"{flag} is deprecated and will be removed in hf_unlearn {DEPRECATED_UNTIL}: use "
-                f"{DEPRECATED_FLAGS[flag]}."
-            )
-            arg = DEPRECATED_FLAGS[flag] + equals + value
-        result.append(arg)
-    return result
-
-
 def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
     """Flags, or a YAML file (``hf-unlearn run config.yaml``, optionally followed by flags that override it)."""
     from transformers import HfArgumentParser
@@ -120,7 +109,6 @@ def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
     if argv and argv[0].endswith((".yaml", ".yml")):
         source = argv[0]
         argv = yaml_to_argv(argv[0]) + argv[1:]
-    argv = current_spelling(argv)
     if "-h" in argv or "--help" in argv:
         raise HelpRequested(parser)
     try:
@@ -143,7 +131,7 @@ def demo_main(argv: list[str]) -> Any:
     from ..training.config import UnlearnConfig
     from .arguments import DemoArguments
 
-    demo_args, config = _parse((DemoArguments, UnlearnConfig), argv, defaults=DEMO_DEFAULTS)
+    demo_args, config = _parse((DemoArguments, UnlearnConfig), argv, defaults=own_folder_defaults(argv, DEMO_DEFAULTS))
     from ..jobs.demo import run_demo
 
     return run_demo(demo_args, config)
@@ -177,7 +165,9 @@ def sequence_main(argv: list[str]) -> Any:
     defaults["output_dir"] = "hf-unlearn-sequence"
     if not embedded:
         defaults = {key: defaults[key] for key in ("output_dir", "report_to", "save_strategy")}
-    sequence_args, config = _parse((SequenceArguments, UnlearnConfig), argv, defaults=defaults)
+    sequence_args, config = _parse(
+        (SequenceArguments, UnlearnConfig), argv, defaults=own_folder_defaults(argv, defaults)
+    )
     from ..jobs.sequence import run_sequence_job
 
     return run_sequence_job(sequence_args, config)
@@ -235,7 +225,9 @@ def push_main(argv: list[str]) -> str:
     (cli,) = _parse((PushArguments,), argv)
     if not cli.repo_id:
         raise ValueError("hf-unlearn push: name the Hub repository to push to, --repo_id you/model-unlearned.")
-    url = push_folder(cli.require_model("push"), cli.repo_id, cli.merge_adapter, cli.private, cli.base_model_id)
+    url = push_folder(
+        cli.require_model("push"), cli.repo_id, cli.merge_adapter, cli.private, cli.base_model_id, cli.push_unverified
+    )
     print(f"Pushed to {url}")
     return url
 

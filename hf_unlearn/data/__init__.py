@@ -46,12 +46,9 @@ from .loaders import (
 )
 from .pairing import (
     MODEL_INPUT_KEYS,
-    AnswerEndMask,
     ContinuationScoring,
     ForgetRetainCollator,
     ForgetRetainDataset,
-    ForgetScoring,
-    answer_end_token_ids,
     continuation_labels,
     count_items,
     model_inputs,
@@ -70,10 +67,7 @@ from .prompts import (
 
 __all__ = [
     "BENCHMARKS",
-    "AnswerEndMask",
     "ContinuationScoring",
-    "ForgetScoring",
-    "answer_end_token_ids",
     "DATA_FILE_FORMATS",
     "ForgetRetainCollator",
     "ForgetRetainDataset",

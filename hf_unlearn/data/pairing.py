@@ -115,68 +115,6 @@ class ContinuationScoring:
         return {**example, "labels": labels}
 
 
-def answer_end_token_ids(tokenizer: Any) -> frozenset[int]:
-    """The tokens that can only close an answer, not carry it: the tokenizer's special tokens (EOS, a chat template's
-    end-of-turn) and the tokens that decode to whitespace alone (the newline a template puts after end-of-turn)."""
-    ids = set(tokenizer.all_special_ids)
-    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    ids.update(i for i, text in enumerate(texts) if not text.strip())
-    return frozenset(ids)
-
-
-@dataclass(frozen=True)
-class AnswerEndMask:
-    """Labels without an answer's closing tokens: the run of :func:`answer_end_token_ids` after its last other scored
-    token becomes ``-100`` (an answer made of nothing else keeps its labels). Beyond the MASC paper, whose reference
-    code scores the EOS token it appends like any answer token: the closing tokens say nothing of the forgotten
-    facts, and a forget objective that pushes them down teaches the model not to end those answers."""
-
-    end_token_ids: frozenset[int]
-
-    def __call__(self, example: Mapping[str, Any], index: int = 0, epoch: int | None = None) -> dict[str, Any]:
-        labels = list(example["labels"])
-        scored = [n for n, label in enumerate(labels) if label != IGNORE_INDEX]
-        closing = 0
-        for position in reversed(scored):
-            if labels[position] not in self.end_token_ids:
-                break
-            closing += 1
-        if closing == len(scored):
-            return dict(example)
-        for position in scored[len(scored) - closing :]:
-            labels[position] = IGNORE_INDEX
-        return {**example, "labels": labels}
-
-
-@dataclass(frozen=True)
-class ForgetScoring:
-    """Which forget tokens the forget objective and the forget-like probes score (``UnlearnConfig.forget_scoring``
-    and ``score_answer_end``): the closing tokens dropped first, then the continuation cut, both optional."""
-
-    continuation: ContinuationScoring
-    end_mask: AnswerEndMask | None = None
-
-    @classmethod
-    def from_config(cls, config: Any, seed: int, tokenizer: Any = None) -> ForgetScoring:
-        end_mask = None
-        if not config.score_answer_end:
-            if tokenizer is None:
-                raise ValueError(
-                    "score_answer_end=False needs the tokenizer (processing_class) to find closing tokens."
-                )
-            end_mask = AnswerEndMask(answer_end_token_ids(tokenizer))
-        return cls(ContinuationScoring.from_config(config, seed), end_mask)
-
-    @property
-    def enabled(self) -> bool:
-        return self.continuation.enabled or self.end_mask is not None
-
-    def __call__(self, example: Mapping[str, Any], index: int, epoch: int | None = None) -> dict[str, Any]:
-        if self.end_mask is not None:
-            example = self.end_mask(example)
-        return self.continuation(example, index, epoch)
-
-
 def pad_examples(examples: Sequence[Mapping[str, Any]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-pad ``input_ids`` (with the pad id), ``attention_mask`` (0) and ``labels`` (-100) to one length."""
     length = max(len(e["input_ids"]) for e in examples)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.prompts import prompt_and_completion
+from ..scores import membership_auc_interval
 from .membership import ATTACKS, attack_reads, membership_auc, membership_scores
 from .metrics import (
     evaluate_qa,
@@ -64,9 +65,33 @@ def qa_membership_aucs(
     (:func:`~hf_unlearn.evaluation.membership.attack_reads`), read instead of scoring the answers again where it ran
     over the same tokens. The non-members of the forward attacks are scored by the same kind of teacher-forced pass
     (its LM head only where an answer token is predicted, a shared prompt prefix run once)."""
+    read = qa_membership_reads(
+        model, tokenizer, members, non_members, prompt_template, attacks, member_scores, reference_model
+    )
+    return read["auc"]
+
+
+def qa_membership_reads(
+    model: Any,
+    tokenizer: Any,
+    members: Sequence[Mapping[str, Any]],
+    non_members: Sequence[Mapping[str, Any]],
+    prompt_template: str | None = None,
+    attacks: Sequence[str] = ATTACKS,
+    member_scores: Sequence[AnswerScores] | None = None,
+    reference_model: Any = None,
+) -> dict[str, Any]:
+    """:func:`qa_membership_aucs` with what they were read from: ``auc``, its 95 % interval per attack
+    (``auc_interval``, :func:`~hf_unlearn.scores.membership_auc_interval`) and every answer's score (``scores``:
+    ``{"forget": {attack: [...]}, "holdout": {...}}``, members first), so that another model read on the same
+    answers can be compared pairwise (:func:`~hf_unlearn.scores.paired_auc_difference`)."""
     read = _records_scores(model, tokenizer, members, prompt_template, attacks, member_scores, reference_model)
     others = _qa_scores(model, tokenizer, non_members, prompt_template, attacks, reference_model)
-    return {attack: membership_auc(read[attack], others[attack]) for attack in read}
+    return {
+        "auc": {attack: membership_auc(read[attack], others[attack]) for attack in read},
+        "auc_interval": {attack: list(membership_auc_interval(read[attack], others[attack])) for attack in read},
+        "scores": {"forget": {a: list(v) for a, v in read.items()}, "holdout": {a: list(others[a]) for a in read}},
+    }
 
 
 def attack_scores(
@@ -145,8 +170,9 @@ def measure_qa_sets(
     truth ratio (with ``retain_only_truth_ratios``, its forget quality too) when its records carry paraphrased and
     perturbed answers, and with ``membership_holdout`` its membership AUC against those never-seen records:
     ``membership_auc`` (Min-K%) and ``membership_aucs`` (each of ``membership_attacks``; ``reference`` with
-    ``attack_reference_model`` as its reference, left out without one). ``return_predictions``: every set's greedy
-    answers under ``"predictions"``."""
+    ``attack_reference_model`` as its reference, left out without one), ``membership_auc_intervals`` (their 95 %
+    intervals) and ``membership_scores`` (every answer's score, :func:`qa_membership_reads`).
+    ``return_predictions``: every set's greedy answers under ``"predictions"``."""
     attacks = tuple(
         a for a in dict.fromkeys((MEMBERSHIP_ATTACK, *membership_attacks))
         if a != "reference" or attack_reference_model is not None
@@ -173,12 +199,14 @@ def measure_qa_sets(
         if retain_only_truth_ratios is not None:
             forget["forget_quality"] = forget_quality(ratios, retain_only_truth_ratios)
     if membership_holdout is not None:
-        aucs = qa_membership_aucs(
+        read = qa_membership_reads(
             model, tokenizer, records, membership_holdout, prompt_template, attacks, scored[forget_set],
             attack_reference_model,
         )  # fmt: skip
-        forget["membership_auc"] = aucs[MEMBERSHIP_ATTACK]
-        forget["membership_aucs"] = aucs
+        forget["membership_auc"] = read["auc"][MEMBERSHIP_ATTACK]
+        forget["membership_aucs"] = read["auc"]
+        forget["membership_auc_intervals"] = read["auc_interval"]
+        forget["membership_scores"] = read["scores"]
     return measured
 
 
@@ -230,5 +258,6 @@ __all__ = [
     "qa_attack_scores",
     "qa_membership_auc",
     "qa_membership_aucs",
+    "qa_membership_reads",
     "real_knowledge_utility",
 ]

@@ -328,42 +328,65 @@ def membership_verdict(
     auc: Mapping[str, float],
     reference_auc: Mapping[str, float | None] | None = None,
     tolerance: float = MEMBERSHIP_TOLERANCE,
+    off_intervals: Mapping[str, Sequence[float]] | None = None,
+    auc_intervals: Mapping[str, Sequence[float]] | None = None,
 ) -> dict[str, Any]:
     """Which attacks still tell the forget set from never-seen data: each attack's AUC (``auc``, MUSE's orientation)
     against the same attack's AUC on a model that never trained on the forget set (``reference_auc``; where it has
-    none, against 0.5, chance). An attack *distinguishes* when its AUC is further than ``tolerance`` from that
-    level: below it, the forget set still reads as a member (under-unlearning); above it, as less familiar than
-    never-seen data (over-unlearning). A NaN AUC distinguishes (nothing says it does not). ``landed`` is True when no
-    attack distinguishes. Returns ``attacks`` (how many were read), ``distinguishing`` (how many tell the sets
-    apart), ``which`` (their names), ``per_attack`` (``auc``, ``level``, ``level_from`` ``"never_trained"`` or
-    ``"chance"``, ``off`` = AUC - level, ``side`` ``"member"``/``"less familiar"``/``None``, ``distinguishes``),
-    ``tolerance`` and ``landed``."""
+    none, against 0.5, chance). An attack *tells* when its AUC is further than ``tolerance`` from that level: below
+    it, the forget set still reads as a member (under-unlearning); above it, as less familiar than never-seen data
+    (over-unlearning). A NaN AUC tells (nothing says it does not).
+
+    ``off_intervals``: per attack, the 95 % interval of AUC - level (:func:`~hf_unlearn.scores.paired_auc_difference`
+    where both models read the same answers). An interval wholly past the tolerance on one side tells, however wide;
+    otherwise one wider than ±``tolerance`` cannot tell landing from luck, and the attack's verdict is "too few
+    answers to judge" instead of "lands" or "tells". Where the whole interval is on one side of the tolerance the
+    verdict is ``certain``. ``landed`` is True when every attack
+    was judged and none tells. Returns ``attacks`` (how many were read), ``distinguishing`` (how many tell),
+    ``which`` (their names), ``too_few`` (the attacks not judged), ``per_attack`` (``auc``, ``auc_interval``,
+    ``level``, ``level_from`` ``"never_trained"`` or ``"chance"``, ``off`` = AUC - level, ``off_interval``,
+    ``verdict``, ``certain``, ``side`` ``"member"``/``"less familiar"``/``None``, ``distinguishes``), ``tolerance``
+    and ``landed``."""
     per_attack: dict[str, dict[str, Any]] = {}
     for attack, value in auc.items():
         reference = (reference_auc or {}).get(attack)
         from_never = reference is not None and not math.isnan(reference)
         level = float(reference) if from_never else 0.5
         off = float(value) - level
-        distinguishes = math.isnan(off) or abs(off) > tolerance
+        interval = (off_intervals or {}).get(attack)
+        interval = None if interval is None else [float(interval[0]), float(interval[1])]
+        # wholly past the tolerance on one side, an interval tells however wide it is; else wider than ±tolerance
+        # (or NaN) it cannot tell landing from luck
+        beyond = interval is not None and (interval[0] > tolerance or interval[1] < -tolerance)
+        too_wide = interval is not None and not beyond and not (interval[1] - interval[0]) / 2 <= tolerance
+        distinguishes = not too_wide and (math.isnan(off) or abs(off) > tolerance)
         side = None
         if distinguishes and not math.isnan(off):
             side = "member" if off < 0 else "less familiar"
+        certain = beyond or (interval is not None and -tolerance <= interval[0] <= interval[1] <= tolerance)
+        given = (auc_intervals or {}).get(attack)
         per_attack[attack] = {
             "auc": float(value),
+            "auc_interval": None if given is None else [float(given[0]), float(given[1])],
             "level": level,
             "level_from": "never_trained" if from_never else "chance",
             "off": off,
+            "off_interval": interval,
+            "verdict": "too few answers to judge" if too_wide else ("tells" if distinguishes else "lands"),
+            "certain": certain,
             "side": side,
             "distinguishes": distinguishes,
         }
     which = [attack for attack, row in per_attack.items() if row["distinguishes"]]
+    too_few = [attack for attack, row in per_attack.items() if row["verdict"] == "too few answers to judge"]
     return {
         "attacks": len(per_attack),
         "distinguishing": len(which),
         "which": which,
+        "too_few": too_few,
         "tolerance": tolerance,
         "per_attack": per_attack,
-        "landed": bool(per_attack) and not which,
+        "landed": bool(per_attack) and not which and not too_few,
     }
 
 
@@ -372,7 +395,21 @@ def membership_verdict_line(verdict: Mapping[str, Any]) -> str:
     if not verdict.get("attacks"):
         return "No membership attack was run."
     count, total = verdict["distinguishing"], verdict["attacks"]
+    too_few = verdict.get("too_few") or []
+    unjudged = ""
+    if too_few:
+        widths = [
+            (row["off_interval"][1] - row["off_interval"][0]) / 2
+            for row in (verdict["per_attack"][attack] for attack in too_few)
+        ]
+        widest = max((w for w in widths if not math.isnan(w)), default=float("nan"))
+        unjudged = (
+            f" Too few answers to judge {len(too_few)} of {total} ({', '.join(too_few)}): their intervals reach "
+            f"±{widest:.2f}, wider than the ±{verdict['tolerance']:g} they would judge."
+        )
     if not count:
+        if too_few:
+            return f"Membership: no attack that could be judged tells the forget set from never-seen data.{unjudged}"
         return (
             f"Membership: none of the {total} attacks tells the forget set from never-seen data "
             f"(every AUC within {verdict['tolerance']:g} of the never-trained model's, or of 0.5)."
@@ -380,10 +417,12 @@ def membership_verdict_line(verdict: Mapping[str, Any]) -> str:
     parts = []
     for attack in verdict["which"]:
         row = verdict["per_attack"][attack]
-        parts.append(f"{attack} (AUC {row['auc']:.3f} vs {row['level']:.3f}, {row['side'] or 'NaN'})")
+        interval = row.get("off_interval")
+        within = f", {row['off']:+.3f} [{interval[0]:+.3f}, {interval[1]:+.3f}]" if interval else ""
+        parts.append(f"{attack} (AUC {row['auc']:.3f} vs {row['level']:.3f}{within}, {row['side'] or 'NaN'})")
     verb = "tells" if count == 1 else "tell"
     told = f"Membership: {count} of {total} attacks {verb} the forget set from never-seen data: "
-    return told + "; ".join(parts) + "."
+    return told + "; ".join(parts) + "." + unjudged
 
 
 def privleak(auc_unlearned: float, auc_retrained: float) -> float:

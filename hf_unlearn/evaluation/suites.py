@@ -15,6 +15,7 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
+from ..scores import membership_auc_interval, paired_auc_difference
 from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, membership_verdict, privleak
 from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, model_utility, retain_truth_ratio
 from .options import real_knowledge_options, truth_ratios
@@ -115,6 +116,33 @@ def evaluate_unlearning(
     return result
 
 
+def membership_off_intervals(
+    measured: Mapping[str, Any],
+    retrained_auc: Mapping[str, float] | None,
+    retrained_scores: Mapping[str, Mapping[str, Sequence[float]]] | None,
+) -> dict[str, list[float]]:
+    """Per attack, the 95 % interval of its AUC minus the level it is judged against: the paired difference to the
+    never-trained model where both read the same answers (``retrained_scores``), else this model's interval minus the
+    never-trained AUC (or 0.5), the level taken as exact."""
+    intervals = {}
+    for attack, (low, high) in measured["auc_interval"].items():
+        level = (retrained_auc or {}).get(attack)
+        theirs = {side: (retrained_scores or {}).get(side, {}).get(attack) for side in ("forget", "holdout")}
+        ours = {side: measured["scores"][side][attack] for side in ("forget", "holdout")}
+        paired = level is not None and all(
+            theirs[side] is not None and len(theirs[side]) == len(ours[side]) for side in theirs
+        )
+        if paired:
+            _, low_off, high_off = paired_auc_difference(
+                ours["forget"], ours["holdout"], theirs["forget"], theirs["holdout"]
+            )
+            intervals[attack] = [low_off, high_off]
+        else:
+            reference = 0.5 if level is None else level
+            intervals[attack] = [low - reference, high - reference]
+    return intervals
+
+
 def evaluate_muse(
     model: Any,
     tokenizer: Any,
@@ -131,9 +159,12 @@ def evaluate_muse(
     attacks: Sequence[str] | None = None,
     attack_reference_model: Any = None,
     scored: Sequence[AnswerScores] | None = None,
+    retrained_scores: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
 ) -> dict[str, Any]:
-    """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC, with PrivLeak against
-    ``retrained_auc`` (the same AUCs measured on a model retrained without the forget set), on whichever of
+    """MUSE's VerbMem, KnowMem (forget and retain) and the membership attacks' AUC with its 95 % interval
+    (``auc_interval``), with PrivLeak and the verdict against ``retrained_auc`` (the same AUCs measured on a model
+    retrained without the forget set; with ``retrained_scores``, that model's ``scores`` of the same answers, the
+    verdict reads the paired interval of the difference), on whichever of
     :func:`hf_unlearn.data.loaders.muse_evaluation_sets`'s sets ``sets`` has. ``batch_size`` is for scoring whole
     texts (up to ``max_length`` tokens), ``generation_batch_size`` for KnowMem's short answers. ``attacks``: the
     membership attacks (default every one of :data:`hf_unlearn.evaluation.membership.ATTACKS` that can run:
@@ -184,9 +215,17 @@ def evaluate_muse(
             for name in ("privleak_forget", "privleak_holdout")
         )
         result["auc"] = {attack: membership_auc(members[attack], others[attack]) for attack in members}
+        result["auc_interval"] = {
+            attack: list(membership_auc_interval(members[attack], others[attack])) for attack in members
+        }
+        result["scores"] = {"forget": members, "holdout": others}
         # Which attacks still tell the forget set from never-seen data (each against the retrained model's AUC, or
-        # 0.5 without one): the forget set counts as forgotten only when none does (issue 54).
-        result["membership"] = membership_verdict(result["auc"], retrained_auc)
+        # 0.5 without one), read with the interval of the difference: the forget set counts as forgotten only when
+        # every attack could be judged and none tells (issue 54, 66).
+        off_intervals = membership_off_intervals(result, retrained_auc, retrained_scores)
+        result["membership"] = membership_verdict(
+            result["auc"], retrained_auc, off_intervals=off_intervals, auc_intervals=result["auc_interval"]
+        )
         result["privleak"] = (
             {
                 attack: privleak(auc, retrained_auc[attack]) if attack in retrained_auc else None
@@ -294,12 +333,13 @@ def _evaluate_sets(
         )
     scored = result.pop("forget_scores", None)
     if any(name.startswith(("verbmem", "knowmem", "privleak")) for name in sets):
-        retrained_auc = ((reference or {}).get("muse") or {}).get("auc")
+        retrained = (reference or {}).get("muse") or {}
         result["muse"] = evaluate_muse(
             model,
             tokenizer,
             sets,
-            retrained_auc,
+            retrained.get("auc"),
+            retrained_scores=retrained.get("scores"),
             show_progress=show_progress,
             prompt_template=prompt_template,
             attack_reference_model=attack_reference_model,

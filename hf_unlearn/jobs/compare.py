@@ -469,20 +469,6 @@ def race(cli: Any, setting: CompareSetting, lm_eval: Any = None) -> dict:
     return result
 
 
-def __getattr__(name: str) -> Any:
-    # compare's options moved to hf_unlearn.cli.arguments, beside every other command's (issue 33); the jobs do not
-    # import the command line (docs/layout.md), save for this alias of the old import path, kept until 0.3.
-    if name == "CompareArguments":
-        from ..cli.arguments import CompareArguments
-
-        logger.warning_once(
-            "hf_unlearn.jobs.compare.CompareArguments is deprecated and will be removed in hf_unlearn 0.3: import it "
-            "from hf_unlearn.cli.arguments."
-        )
-        return CompareArguments
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 __all__ = [
     "BASELINES",
     "CompareSetting",

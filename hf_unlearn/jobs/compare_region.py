@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from ..evaluation.fluency import fluency_levels, fluency_misses
+from ..scores import paired_auc_difference
 
 #: The real-knowledge values that each get their own floor (TOFU's real-authors and world-facts sets).
 REAL_KNOWLEDGE_VALUES = ("rouge_l_recall", "probability", "truth_ratio")
@@ -75,36 +76,75 @@ def build_region(before: dict, never_trained: dict, cli: Any) -> dict:
 
 
 def _below(value: float | None, floor: float) -> float | None:
-    """How far ``value`` is under ``floor`` (negative), ``-inf`` for a NaN or missing value, None when it is not."""
-    if value is None or math.isnan(value):
+    """How far ``value`` is under ``floor`` (negative), ``-inf`` for a NaN or missing value and for nothing kept (a
+    value of 0 under a floor of 0: both models lost it, so a run at 0 keeps nothing), None when it is not."""
+    if value is None or math.isnan(value) or math.isnan(floor):
+        return float("-inf")
+    if floor <= 0 and value <= 0:
         return float("-inf")
     return value - floor if value < floor else None
 
 
-def region_misses(row: dict, region: dict) -> dict[str, float | bool]:
-    """Each condition of the region ``row`` fails, with how far it is from the edge: ``membership_auc`` (Min-K%) and
-    ``membership_auc_<attack>`` for each other attack (+: less familiar than never-seen data, -: still a member),
-    ``real_knowledge_mean`` and ``real_knowledge_<set>.<value>``, and ``fluent`` (False) with ``fluency_<measure>``
-    for what made the answers unlike the never-trained model's (fluency is only judged where it was measured)."""
-    forget = row["forget"]
-    misses: dict[str, float | bool] = {}
-    over = forget["rouge_l_recall"] - region["forget_rouge_l_recall_max"]
-    if over > 0:
-        misses["forget_rouge_l_recall"] = over
+def paired_off_interval(forget: dict, never_forget: dict, attack: str) -> list[float] | None:
+    """The 95 % interval of a run's AUC minus the never-trained model's for ``attack``, both read on the same answers
+    (their ``membership_scores``, :func:`~hf_unlearn.scores.paired_auc_difference`); None where either was measured
+    without its scores."""
+    ours, theirs = forget.get("membership_scores"), never_forget.get("membership_scores")
+    if not ours or not theirs:
+        return None
+    sides = [(ours[side].get(attack), theirs[side].get(attack)) for side in ("forget", "holdout")]
+    if any(a is None or b is None or len(a) != len(b) for a, b in sides):
+        return None
+    _, low, high = paired_auc_difference(sides[0][0], sides[1][0], sides[0][1], sides[1][1])
+    return [low, high]
+
+
+def _membership_misses(forget: dict, region: dict) -> dict[str, float]:
+    """Each attack the region cannot count as landed: its AUC further than the tolerance from the never-trained
+    model's (+: less familiar than never-seen data, -: still a member; NaN where either AUC is NaN or missing), or,
+    where both models' scores are at hand, its paired interval wider than ±tolerance and not wholly past it
+    (``<key>_interval``: the half-width; too few answers to judge)."""
     references = region.get("membership_auc_references") or {"min_k": region["membership_auc_reference"]}
+    never_forget = (region.get("never_trained") or {}).get("forget") or {}
     measured = membership_aucs(forget)
+    tolerance = region["membership_tolerance"]
+    misses: dict[str, float] = {}
     for attack, reference in references.items():
         key = "membership_auc" if attack == "min_k" else f"membership_auc_{attack}"
         value = measured.get(attack)
-        if value is None or math.isnan(value):
+        if value is None or reference is None or math.isnan(value) or math.isnan(reference):
             misses[key] = float("nan")  # not measured: nothing says the attack cannot tell the sets apart
             continue
-        off = abs(value - reference) - region["membership_tolerance"]
+        interval = paired_off_interval(forget, never_forget, attack)
+        beyond = interval is not None and (interval[0] > tolerance or interval[1] < -tolerance)
+        if interval is not None and not beyond and not (interval[1] - interval[0]) / 2 <= tolerance:
+            misses[f"{key}_interval"] = (interval[1] - interval[0]) / 2
+            continue
+        off = abs(value - reference) - tolerance
         if off > 0:
             misses[key] = off if value > reference else -off
+    return misses
+
+
+def region_misses(row: dict, region: dict) -> dict[str, float | bool]:
+    """Each condition of the region ``row`` fails, with how far it is from the edge: ``forget_rouge_l_recall`` (``inf``
+    for NaN), ``membership_auc`` (Min-K%) and ``membership_auc_<attack>`` for each other attack (+: less familiar
+    than never-seen data, -: still a member; ``..._interval`` where the answers are too few to judge it),
+    ``retain_rouge_l_recall``, ``real_knowledge_mean`` and ``real_knowledge_<set>.<value>`` (``-inf`` where the
+    region has them and the row was not measured), and ``fluent`` (False) with ``fluency_<measure>`` for what made
+    the answers unlike the never-trained model's (a row without a fluency measurement where the region has one:
+    ``fluent`` False alone). Nothing that was not measured passes."""
+    forget = row["forget"]
+    misses: dict[str, float | bool] = {}
+    over = forget["rouge_l_recall"] - region["forget_rouge_l_recall_max"]
+    if math.isnan(over) or over > 0:
+        misses["forget_rouge_l_recall"] = float("inf") if math.isnan(over) else over
+    misses.update(_membership_misses(forget, region))
     under = row["retain"]["rouge_l_recall"] - region["retain_rouge_l_recall_min"]
-    if under < 0:
-        misses["retain_rouge_l_recall"] = under
+    if math.isnan(under) or under < 0:
+        misses["retain_rouge_l_recall"] = float("-inf") if math.isnan(under) else under
+    if "real_knowledge_mean_min" in region and "real_knowledge" not in row:
+        misses["real_knowledge_mean"] = float("-inf")  # not measured: nothing says it was kept
     if "real_knowledge_mean_min" in region and "real_knowledge" in row:
         short = _below(row["real_knowledge"]["mean"], region["real_knowledge_mean_min"])
         if short is not None:
@@ -115,6 +155,8 @@ def region_misses(row: dict, region: dict) -> dict[str, float | bool]:
             if short is not None:
                 misses[f"real_knowledge_{key}"] = short
     fluency = forget.get("fluency")
+    if fluency is None and "fluency" in region.get("never_trained", {}).get("forget", {}):
+        misses["fluent"] = False  # not measured: nothing says the answers read like the never-trained model's
     if fluency is not None and "fluency" in region["never_trained"]["forget"]:
         never = region["never_trained"]["forget"]["fluency"]
         failed = fluency_misses(
@@ -138,6 +180,7 @@ __all__ = [
     "build_region",
     "in_region",
     "membership_aucs",
+    "paired_off_interval",
     "real_knowledge_values",
     "region_misses",
 ]

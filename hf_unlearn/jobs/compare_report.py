@@ -30,6 +30,8 @@ def misses_text(misses: dict | None) -> str:
     def name(key: str) -> str | None:
         if key in names:
             return names[key]
+        if key.startswith("membership_auc") and key.endswith("_interval"):
+            return None  # said below: too few answers to judge
         if key.startswith("membership_auc_"):
             return f"{key.removeprefix('membership_auc_')} AUC"
         if key.startswith("real_knowledge_"):
@@ -37,10 +39,21 @@ def misses_text(misses: dict | None) -> str:
         return None
 
     parts = [f"{name(key)} {value:+.3f}" for key, value in misses.items() if name(key) and not isinstance(value, bool)]
+    for key, value in misses.items():
+        if key.startswith("membership_auc") and key.endswith("_interval"):
+            attack = key.removeprefix("membership_auc").removesuffix("_interval").strip("_") or "min_k"
+            parts.append(f"{attack} AUC: too few answers to judge (±{value:.2f})")
     if "fluent" in misses:
         failed = [key.removeprefix("fluency_") for key in misses if key.startswith("fluency_")]
         parts.append("not fluent" + (f" ({', '.join(failed)})" if failed else ""))
     return "; ".join(parts) or "in the region"
+
+
+def auc_text(forget: dict) -> str:
+    """A measurement's Min-K% AUC with its 95 % interval where it was read with one."""
+    interval = (forget.get("membership_auc_intervals") or {}).get("min_k")
+    text = f"{forget['membership_auc']:.3f}"
+    return text + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
 
 
 def compare_table(result: dict) -> str:
@@ -48,7 +61,7 @@ def compare_table(result: dict) -> str:
     tofu = "real_knowledge_mean_min" in result["region"]
     header = (
         "| method | runs landing in the region | best lr (seeds landing) | time to region at best lr (s) | "
-        "single run at best lr (s) | grid cost (s) | forget ROUGE-L | membership AUC | forget quality | "
+        "single run at best lr (s) | grid cost (s) | forget ROUGE-L | Min-K% AUC [95 % interval] | forget quality | "
         "retain ROUGE-L | "
     )
     if tofu:
@@ -69,7 +82,7 @@ def compare_table(result: dict) -> str:
         lines.append(
             f"| {name} | {landed} | {row['best_learning_rate']:g} ({row['seeds_landed_at_best']}) | "
             f"{fmt(row['time_to_region_seconds'])} | {row['single_run_seconds']:.1f} | {row['grid_seconds']:.1f} | "
-            f"{shown['forget']['rouge_l_recall']:.3f} | {shown['forget']['membership_auc']:.3f} | "
+            f"{shown['forget']['rouge_l_recall']:.3f} | {auc_text(shown['forget'])} | "
             f"{fmt(shown['forget'].get('forget_quality'), '.3g')} | "
             f"{shown['retain']['rouge_l_recall']:.3f} | {knowledge}{ratio} | {cost} |"
         )
@@ -81,12 +94,12 @@ def runs_table(result: dict) -> str:
     split (training, probes, measurement)."""
     never = result["region"]["never_trained"]["forget"].get("fluency", {})
     lines = [
-        "| method | lr | seed | steps | landed | forget ROUGE-L | membership AUC | retain ROUGE-L | "
+        "| method | lr | seed | steps | landed | forget ROUGE-L | Min-K% AUC [95 % interval] | retain ROUGE-L | "
         "real-knowledge mean (harmonic) | repetitive answers | NLL under never-trained | "
         "NF4 forget ROUGE-L (change) | seconds | of it probes | of it measuring | misses the region by |",
         "|---" * 16 + "|",
         f"| never-trained | | | | | {result['region']['never_trained']['forget']['rouge_l_recall']:.3f} | "
-        f"{result['region']['never_trained']['forget']['membership_auc']:.3f} | "
+        f"{auc_text(result['region']['never_trained']['forget'])} | "
         f"{result['region']['never_trained']['retain']['rouge_l_recall']:.3f} | "
         f"{knowledge_text(result['region']['never_trained'].get('real_knowledge'))} | "
         f"{fmt(never.get('repetitive_share'), '.2f')} | {fmt(never.get('reference_nll'), '.2f')} | | | | | "
@@ -105,7 +118,7 @@ def runs_table(result: dict) -> str:
             nf4_text = f"{nf4['forget_rouge_l_recall']:.3f} ({nf4['rouge_l_change']:+.3f})" if nf4 else "-"
             lines.append(
                 f"| {name} | {run['learning_rate']:g} | {run['seed']} | {run['steps']} | {landed} | "
-                f"{run['forget']['rouge_l_recall']:.3f} | {run['forget']['membership_auc']:.3f} | "
+                f"{run['forget']['rouge_l_recall']:.3f} | {auc_text(run['forget'])} | "
                 f"{run['retain']['rouge_l_recall']:.3f} | "
                 f"{knowledge_text(run.get('real_knowledge'))} | "
                 f"{fmt((fluency or {}).get('repetitive_share'), '.2f')} | "
@@ -239,6 +252,7 @@ __all__ = [
     "compare_table",
     "knowledge_text",
     "lm_eval_table",
+    "auc_text",
     "misses_text",
     "plot_compare",
     "reference_text",

@@ -47,10 +47,15 @@ def membership_after(model: Any, never_trained: Any, start_model: Any, tokenizer
     sets = embedded_evaluation_sets(split)
     sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
     never = evaluate_muse(never_trained, tokenizer, sets, attack_reference_model=start_model)
-    after = evaluate_muse(model, tokenizer, sets, retrained_auc=never["auc"], attack_reference_model=start_model)
+    after = evaluate_muse(
+        model, tokenizer, sets, retrained_auc=never["auc"], attack_reference_model=start_model,
+        retrained_scores=never["scores"],
+    )  # fmt: skip
     return {
         "auc": after["auc"],
+        "auc_interval": after["auc_interval"],
         "never_trained_auc": never["auc"],
+        "never_trained_auc_interval": never["auc_interval"],
         "privleak": after["privleak"],
         "membership": after["membership"],
     }
@@ -182,7 +187,8 @@ def run_chronicles_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer
     reference_model, _, _ = learn_chronicles_target_model(**learn, learn_split="retain")
     sets = chronicles_evaluation_sets()
     reference = evaluate_muse(reference_model, tokenizer, sets)
-    before = evaluate_muse(model, tokenizer, sets, retrained_auc=reference["auc"])
+    paired = dict(retrained_auc=reference["auc"], retrained_scores=reference["scores"])
+    before = evaluate_muse(model, tokenizer, sets, **paired)
     forget = build_text_dataset(load_chronicles_split("forget"), tokenizer)
     retain = build_text_dataset(load_chronicles_split("retain"), tokenizer, name="retain")
     calibration = (
@@ -192,14 +198,20 @@ def run_chronicles_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer
     )
     trainer = build_trainer(model, tokenizer, config, forget, retain, calibration)
     trainer.train()
-    after = evaluate_muse(trainer.model, tokenizer, sets, retrained_auc=reference["auc"])
+    after = evaluate_muse(trainer.model, tokenizer, sets, **paired)
     record = trainer.record
     for part, name in (("forget", "forget"), ("retain", "retain"), ("calibration", "calibration")):
         described = getattr(record, f"{part}_dataset")
         if described is not None:
             described["name"] = f"hf_unlearn fictitious chronicles / {name}"
     record.update(
-        evaluation={"muse": {"before": before, "after": after, "retain_only": reference}},
+        # the per-answer scores stay out of the record (its intervals and verdicts carry what they read)
+        evaluation={
+            "muse": {
+                name: {k: v for k, v in measured.items() if k != "scores"}
+                for name, measured in (("before", before), ("after", after), ("retain_only", reference))
+            }
+        },
         extra=dict(
             record.extra,
             benchmark="chronicles",

@@ -1,4 +1,5 @@
-"""Hub access checks: fail before anything is written when the Hub cannot be reached."""
+"""Pushing a run to the Hub: refused before anything is written when the Hub cannot be reached, when a LoRA base
+nobody else can load, or when the run's own record does not say the forget set was forgotten."""
 
 from __future__ import annotations
 
@@ -40,14 +41,62 @@ def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) ->
         ) from error
 
 
+def unverified_reasons(model_dir: str) -> list[str]:
+    """What in a saved run's own record says the forget set still tells, or was never judged: no record; a failed
+    run (the utility floor); the membership verdict (the audit's, else the demo's evaluation) not landed, or none at
+    all; a failed quantization verdict (forgotten answers back after a 4-bit reload). Empty when nothing does."""
+    if not os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
+        return [f"{model_dir!r} holds no run record ({RECORD_FILE}), so nothing says what it forgot"]
+    from ..evaluation.membership import membership_verdict_line
+
+    record = UnlearnRecord.load(model_dir)
+    reasons = []
+    if record.stop_kind == "utility_floor":
+        reasons.append(f"the run failed ({record.stop_reason})")
+    verdicts = (record.audit or {}).get("verdicts") or {}
+    evaluated = ((record.evaluation or {}).get("membership") or {}).get("membership")
+    if "membership" in verdicts:
+        if verdicts["membership"]["passed"] is not True:
+            reasons.append(f"the audit's membership verdict: {verdicts['membership']['finding']}")
+    elif evaluated is not None:
+        if not evaluated.get("landed"):
+            reasons.append(membership_verdict_line(evaluated).rstrip("."))
+    else:
+        reasons.append(
+            "no membership verdict: the forget set was never read against never-seen data (`hf-unlearn audit "
+            f"--model_name_or_path {model_dir}` judges it)"
+        )
+    quantization = verdicts.get("quantization")
+    if quantization is not None and quantization["passed"] is False:
+        reasons.append(f"the audit's quantization verdict: {quantization['finding']}")
+    return reasons
+
+
+def check_verified(model_dir: str, push_unverified: bool) -> list[str]:
+    """Refuse (``ValueError``, nothing written or uploaded) a run whose record does not say the forget set was
+    forgotten (:func:`unverified_reasons`), unless ``push_unverified``; returns the reasons pushed despite."""
+    reasons = unverified_reasons(model_dir)
+    if reasons and not push_unverified:
+        raise ValueError(
+            f"hf-unlearn push: {model_dir!r} is not pushed, because its own record does not say the forget set was "
+            f"forgotten: {'; '.join(reasons)}. Pass --push_unverified true to publish it anyway (its card then says "
+            "so). Nothing was written or uploaded."
+        )
+    return reasons
+
+
 def push_folder(
     model_dir: str,
     repo_id: str,
     merge_adapter: bool = False,
-    private: bool | None = None,
+    private: bool = True,
     base_model_id: str | None = None,
+    push_unverified: bool = False,
 ) -> str:
-    """Push a saved unlearned model (with its README.md model card) to ``repo_id``; returns the repo URL.
+    """Push a saved unlearned model (with its README.md model card) to ``repo_id``; returns the repo URL. The
+    repository is created private unless ``private=False`` asks for a public one. A run whose own record does not
+    say the forget set was forgotten is refused unless ``push_unverified`` (:func:`check_verified`); its card then
+    says what the record said.
 
     A LoRA output is pushed as the adapter, or with ``merge_adapter`` merged into its base model first (the card
     is kept either way). An adapter whose base is a local path, which nobody else can load, is refused unless it is
@@ -60,8 +109,9 @@ def push_folder(
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"{model_dir!r} is not a folder; pass the output_dir of an unlearning run.")
     check_adapter_base(model_dir, merge_adapter, base_model_id)
+    unverified = check_verified(model_dir, push_unverified)
     ensure_hub_reachable(model_dir)
-    _card_for_repo(model_dir, repo_id)
+    _card_for_repo(model_dir, repo_id, unverified)
     api = HfApi()
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     is_adapter = os.path.exists(os.path.join(model_dir, ADAPTER_CONFIG))
@@ -149,9 +199,14 @@ def stage_adapter_on(model_dir: str, staging: str, base_model_id: str, repo_id: 
         write_model_card(record, staging, repo_id=repo_id)
 
 
-def _card_for_repo(model_dir: str, repo_id: str) -> None:
-    """Rewrite the folder's model card from its run record so that it loads from ``repo_id`` (not a local path)."""
+def _card_for_repo(model_dir: str, repo_id: str, unverified: list[str] | None = None) -> None:
+    """Rewrite the folder's model card from its run record so that it loads from ``repo_id`` (not a local path) and,
+    pushed despite its record (``unverified``), says so; the record keeps what it was pushed despite."""
     if os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
         from .model_card import write_model_card
 
-        write_model_card(UnlearnRecord.load(model_dir), model_dir, repo_id=repo_id)
+        record = UnlearnRecord.load(model_dir)
+        if unverified:
+            record = record.update(extra={**record.extra, "pushed_unverified": unverified})
+            record.save(model_dir)
+        write_model_card(record, model_dir, repo_id=repo_id)

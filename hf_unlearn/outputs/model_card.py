@@ -17,6 +17,7 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..training.record import UnlearnRecord
+from .card_metadata import eval_results, unlearning_block
 from .report import MEMORIZATION_METRICS, METRICS, format_value, lm_eval_section, membership_section
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "model_card.md"
@@ -62,6 +63,12 @@ def _introduction(record: UnlearnRecord) -> str:
     if not record.success:
         text += (
             f"\n\n**This run failed** ({record.stop_reason}): do not use it as an unlearned model without checking it."
+        )
+    unverified = record.extra.get("pushed_unverified")
+    if unverified:
+        text += (
+            "\n\n**Published although its own record does not say it forgot** (pushed with "
+            "`--push_unverified true`): " + "; ".join(unverified) + "."
         )
     return text
 
@@ -240,8 +247,9 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         f"* {paper['authors'].rstrip('.') + '. ' if paper.get('authors') else ''}*{paper['title']}*. {paper['url']}"
         for paper in record.papers
     )
+    title = model_name or record.extra.get("model_name") or os.path.basename(os.path.normpath(location))
     sections = dict(
-        model_name=model_name or record.extra.get("model_name") or os.path.basename(os.path.normpath(location)),
+        model_name=title,
         introduction=_introduction(record),
         record_rows=_record_rows(record),
         hyperparameters=hyperparameters,
@@ -264,6 +272,10 @@ def build_model_card(record: UnlearnRecord, location: str, model_name: str | Non
         base_model=record.base_model if is_hub_id(record.base_model) else None,
         datasets=datasets or None,
         tags=sorted({"unlearning", "hf_unlearn", record.method, *record.extra.get("tags", [])}),
+        # the Hub's results table, and the record of what was forgotten and how well (docs/hub.md)
+        model_name=title,
+        eval_results=eval_results(record) or None,
+        unlearning=unlearning_block(record),
     )
     return ModelCard.from_template(data, template_path=str(TEMPLATE_PATH), **sections)
 

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from ..evaluation.membership import membership_verdict, membership_verdict_line
+from ..objectives.masc.stop_read import last_exact_read
 from ..training.record import UnlearnRecord
 
 METRICS = ("rouge_l_recall", "probability", "exact_match")
@@ -97,11 +98,11 @@ def report_markdown(record: UnlearnRecord) -> str:
         hyperparameters = record.hyperparameters
         probe = hyperparameters.get("stop_probe", "train")
         if hyperparameters.get("stop_target") == "membership":
-            auc = (record.probe_history[-1] if record.probe_history else {}).get("calibration_min_k_auc")
+            auc = last_exact_read(record.probe_history).get("calibration_min_k_auc")
             slack = hyperparameters.get("calibration_auc_slack")
             target = f"Min-K% AUC against never-seen data {format_value(auc)}, target >= {format_value(0.5 - slack)}"
         elif hyperparameters.get("stop_target") == "calibration":
-            gap = (record.probe_history[-1] if record.probe_history else {}).get("calibration_gap")
+            gap = last_exact_read(record.probe_history).get("calibration_gap")
             target = f"calibration gap {format_value(gap)}, slack {format_value(hyperparameters['calibration_slack'])}"
         elif "stop_alpha" in hyperparameters:
             target = f"alpha = {format_value(hyperparameters['stop_alpha'])}"
@@ -159,6 +160,12 @@ def lm_eval_section(lm_eval: dict[str, Any] | None, heading: str = "## Utility (
     return f"{heading}\n\n{table}" if table else ""
 
 
+def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """The steps and values of the probes that read ``key`` (a calibrated stop's exact reads are not every probe)."""
+    read = [h for h in history if h.get(key) is not None]
+    return [h["step"] for h in read], [h[key] for h in read]
+
+
 def plot_history(
     history: list[dict],
     path: str,
@@ -176,7 +183,6 @@ def plot_history(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [h["step"] for h in history]
     calibrated = "calibration_gap" in history[0]
     panels = 2 + int(calibrated) + int(bool(surgery))
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4))
@@ -187,7 +193,7 @@ def plot_history(
         ("violation_rate_calibration", "never seen (calibration)"),
     ):
         if key in history[0]:
-            ax_rate.plot(steps, [h[key] for h in history], marker="o", label=label)
+            ax_rate.plot(*_series(history, key), marker="o", label=label)
     if alpha is not None:
         ax_rate.axhline(alpha, color="grey", linestyle="--", label=f"alpha = {alpha:g}")
     ax_rate.set_xlabel("optimizer step")
@@ -202,7 +208,7 @@ def plot_history(
         ("retain_probability", "retain"),
     ):
         if key in history[0]:
-            ax_prob.plot(steps, [h[key] for h in history], marker="o", label=label)
+            ax_prob.plot(*_series(history, key), marker="o", label=label)
     ax_prob.set_xlabel("optimizer step")
     ax_prob.set_ylabel("answer probability (exp -mean NLL)")
     ax_prob.set_ylim(-0.02, 1.02)
@@ -210,12 +216,17 @@ def plot_history(
     ax_prob.legend()
     if calibrated:
         ax_gap = axes[2]
-        ax_gap.plot(steps, [h.get("calibration_gap") for h in history], marker="o", label="calibration gap")
+        # exact reads (the stop decides on them) as points joined by a line; the running read between them dotted
+        ax_gap.plot(*_series(history, "calibration_gap"), marker="o", label="calibration gap")
+        if any("running_calibration_gap" in h for h in history):
+            ax_gap.plot(*_series(history, "running_calibration_gap"), ":", color="tab:blue", label="running read")
         if calibration_slack is not None:
             ax_gap.axhline(calibration_slack, color="grey", linestyle="--", label=f"slack = {calibration_slack:g}")
         if any("calibration_min_k_auc" in h for h in history):  # the Min-K% stop's reading, on its own axis
             ax_auc = ax_gap.twinx()
-            ax_auc.plot(steps, [h.get("calibration_min_k_auc") for h in history], "s:", color="tab:red")
+            ax_auc.plot(*_series(history, "calibration_min_k_auc"), "s-", color="tab:red")
+            if any("running_calibration_min_k_auc" in h for h in history):
+                ax_auc.plot(*_series(history, "running_calibration_min_k_auc"), ":", color="tab:red")
             ax_auc.set_ylabel("Min-K% AUC, forget vs never-seen (red)")
             if auc_threshold is not None:
                 ax_auc.axhline(auc_threshold, color="tab:red", linestyle="--", linewidth=0.8)
@@ -314,7 +325,9 @@ def evaluation_markdown(result: dict[str, Any]) -> str:
                 "what retraining gives, strongly negative means the forget set is still recognisable "
                 "(under-unlearning), positive that it looks less familiar than never-seen text (over-unlearning). "
                 "An attack tells the forget set apart when its AUC is further than the tolerance from the same "
-                "attack's AUC on the model trained without the forget set (from 0.5 where there is none).",
+                "attack's AUC on the model trained without the forget set (from 0.5 where there is none). Every AUC "
+                "carries its 95 % interval (DeLong), the difference its paired interval where both models read the "
+                "same answers; where that interval is wider than the tolerance, the answers are too few to judge.",
             ]
         lines.append("")
     if result.get("lm_eval"):
@@ -329,14 +342,19 @@ def membership_markdown(measured: dict[str, Any]) -> str:
     ``membership`` (the verdict; judged against 0.5 here where it is absent)."""
     verdict = measured.get("membership") or membership_verdict(measured["auc"])
     lines = [
-        "| attack | AUC | never-trained AUC | PrivLeak (%) | tells the forget set apart |",
-        "|---|---|---|---|---|",
+        "| attack | AUC [95 % interval] | never-trained AUC | difference [95 % interval] | PrivLeak (%) | verdict |",
+        "|---|---|---|---|---|---|",
     ]
     for attack, row in verdict["per_attack"].items():
         level = _fmt4(row["level"]) if row["level_from"] == "never_trained" else "- (judged against 0.5)"
         leak = (measured.get("privleak") or {}).get(attack)
-        told = f"**yes** ({row['side'] or 'NaN'}, {row['off']:+.3f})" if row["distinguishes"] else "no"
-        lines.append(f"| {attack} | {_fmt4(row['auc'])} | {level} | {_fmt4(leak)} | {told} |")
+        interval = row.get("auc_interval") or (measured.get("auc_interval") or {}).get(attack)
+        auc = _fmt4(row["auc"]) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+        off = row.get("off_interval")
+        difference = f"{row['off']:+.3f}" + (f" [{off[0]:+.3f}, {off[1]:+.3f}]" if off else "")
+        said = row.get("verdict") or ("tells" if row["distinguishes"] else "lands")
+        told = f"**{said}** ({row['side'] or 'NaN'})" if row["distinguishes"] else said
+        lines.append(f"| {attack} | {auc} | {level} | {difference} | {_fmt4(leak)} | {told} |")
     return "\n".join([*lines, "", membership_verdict_line(verdict), ""])
 
 

@@ -4,7 +4,6 @@ make the forgetting hold (:mod:`.distill`)."""
 
 from .audit import (
     PRIMARY_ATTACK,
-    PRIVLEAK_TOLERANCE,
     audit_markdown,
     audit_record_fields,
     membership_check,
@@ -44,7 +43,6 @@ __all__ = [
     "CPU_PACKING_REASON",
     "MIN_QUANTIZED_SHARE",
     "PRIMARY_ATTACK",
-    "PRIVLEAK_TOLERANCE",
     "QUANTIZATION_MODES",
     "RELEARN_PROBABILITY_THRESHOLD",
     "RELEARN_THRESHOLD",

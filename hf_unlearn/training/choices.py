@@ -9,8 +9,6 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ..deprecated import merge_aliases
-
 # The methods (method -> (forget objective, retain objective)) are declared by the forget objectives' registrations.
 from ..objectives.registry import (
     CUSTOM_METHOD,
@@ -57,8 +55,8 @@ def check_surgery_backend(strategy: str, deepspeed: bool, fsdp1: bool) -> None:
 def resolve_method(config: Any) -> None:
     """The method group of an ``UnlearnConfig``, checked and completed in place: ``method`` (None: 'masc', or
     'custom' when ``forget_loss`` is given, logged), the objectives' declared hyperparameters
-    (``forget_loss_kwargs`` / ``retain_loss_kwargs``, with the values of the deprecated aliases such as ``npo_beta``
-    moved into them: a key the objective did not declare, or a bad value, is refused by name), and the
+    (``forget_loss_kwargs`` / ``retain_loss_kwargs``: a key the objective did not declare, or a bad value, is
+    refused by name), and the
     defaults the forget objective registered for ``forget_weight``, ``retain_weight`` and ``stop_on_violation``."""
     if config.method is None:
         config.method = CUSTOM_METHOD if config.forget_loss else "masc"
@@ -78,7 +76,6 @@ def resolve_method(config: Any) -> None:
             raise ValueError(
                 f"""{option} must be a dict or a JSON object such as '{{"scale": 0.5}}', got {given!r}."""
             )
-    merge_aliases(config)  # the baselines' deprecated flags, into the kwargs
     forget, retain = config.objectives
     if forget in FORGET_OBJECTIVES and (retain in RETAIN_OBJECTIVES or retain == "none"):
         resolve_objectives(config)

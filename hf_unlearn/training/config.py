@@ -9,7 +9,6 @@ import torch
 from transformers import TrainingArguments
 from transformers.utils import logging
 
-from ..deprecated import alias_field, scoring_alias_field, warn_retired
 from ..objectives.masc.options import MascArguments, check_masc, check_retain_guard, check_stopping
 from ..surgery.combine import STRATEGIES
 from .choices import CUSTOM_METHOD, METHODS
@@ -131,108 +130,6 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). Without it, a
             folder holding a run is refused unless you resume it (resume_from_checkpoint).
-
-    > Parameters that are deprecated (removed in 0.3; hf_unlearn.deprecated)
-
-    Each still works and warns with a FutureWarning naming its replacement. First the options only a study used
-    (docs/studies/masc_landing.md, "What was tried and failed"), then the baselines' former flags, deprecated aliases
-    of the hyperparameters their objectives declare: each is moved into `forget_loss_kwargs` (`retain_loss_kwargs`
-    for PDU's) when the run's objective declares it; for another method it is unused, as before.
-
-        calibration_reference (`str`, *optional*, defaults to `"start"`):
-            Deprecated (removed in 0.3): leave it at 'start'. Which never-seen (calibration) margins the calibrated
-            target and threshold compare the forget margins with: 'start' (every calibration answer, up to 16 x
-            probe_size, measured once under the model before unlearning) or 'current' (a probe_size sample re-measured
-            under the model being trained; the stop chases the damage unlearning does to never-seen data).
-        calibration_refresh_margin (`float` or `None`, *optional*, defaults to `1.0`):
-            Deprecated (removed in 0.3), read only with calibration_reference='current': re-measure the never-seen
-            margins when the gap against the last ones is within this many logits of calibration_slack (None: always).
-        calibration_refresh_every (`int`, *optional*, defaults to `4`):
-            Deprecated (removed in 0.3), read only with calibration_reference='current': re-measure the never-seen
-            margins at least this often.
-        keep_best_state (`bool`, *optional*, defaults to `False`):
-            Deprecated (removed in 0.3): use stop_on_violation=True. For a run that goes on past the stop target: at
-            the end, restore the weights of the first probe that met it (kept in host memory).
-        score_answer_end (`bool`, *optional*, defaults to `True`):
-            Deprecated (removed in 0.3): leave it True. Whether the forget objective and the forget and never-seen
-            probes score an answer's closing tokens (EOS, a chat template's end-of-turn and the whitespace after it).
-        running_probe (`bool`, *optional*, defaults to `True`):
-            Deprecated (removed in 0.3): leave it True. Measure the 'train' probe from the forget batches' own
-            forward passes since the last probe, not an extra forward over a fixed sample (that one is used when the
-            model has dropout, whatever this says).
-        retain_probe (`str`, *optional*, defaults to `"screen"`):
-            Deprecated (removed in 0.3): leave it at 'screen'. How the utility floor reads retain at a probe:
-            'screen' (the retain batches' own forwards since the last probe; the fixed retain sample is measured at
-            the start and when that reading is under twice the floor, so a failure is always decided on it) or
-            'every_probe' (the fixed sample at every probe).
-        continuation_cut_min_ratio (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_scoring_kwargs={"cut_min_ratio": ...}.
-        continuation_cut_max_ratio (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_scoring_kwargs={"cut_max_ratio": ...}.
-        continuation_min_prefix_tokens (`int` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_scoring_kwargs={"min_prefix_tokens": ...}.
-        continuation_min_suffix_tokens (`int` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_scoring_kwargs={"min_suffix_tokens": ...}.
-        npo_beta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method npo, npo_klr). NPO's inverse
-            temperature beta (0.1).
-        simnpo_beta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method simnpo). SimNPO's inverse
-            temperature beta (4.5).
-        simnpo_delta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"delta": ...} (method simnpo). SimNPO's reward margin
-            delta (0).
-        dpo_beta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method idk_dpo). IdkDPO's (DPO) inverse
-            temperature beta (0.1).
-        undial_beta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method undial). UNDIAL: how far the
-            target token's logit is lowered (10).
-        wga_beta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method wga). WGA: exponent of the
-            token-probability weight p^beta (1).
-        satimp_beta1 (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta1": ...} (method satimp). SatImp: exponent of the
-            saturation weight p^beta1 (5).
-        satimp_beta2 (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta2": ...} (method satimp). SatImp: exponent of the
-            importance weight (1 - p)^beta2 (1).
-        ceu_ignore_first_n_answer_tokens (`int` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"ignore_first_n_answer_tokens": ...} (method ce_u).
-            CE-U: answer tokens at the start of each answer that are not unlearned (1).
-        altpo_beta (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"beta": ...} (method altpo). AltPO's (DPO) inverse
-            temperature beta (0.1).
-        pdu_epsilon (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use retain_loss_kwargs={"epsilon": ...} (method pdu). PDU: the bound on the
-            retain loss (None: (1 + epsilon_slack) x the first step's).
-        pdu_epsilon_slack (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use retain_loss_kwargs={"epsilon_slack": ...} (method pdu). PDU: relative
-            slack of the default epsilon over the starting retain loss (0.1).
-        pdu_dual_init (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use retain_loss_kwargs={"dual_init": ...} (method pdu). PDU: initial value of
-            the dual variable lambda (1).
-        pdu_dual_step (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use retain_loss_kwargs={"dual_step": ...} (method pdu). PDU: step size of the
-            dual ascent on lambda (1).
-        pdu_dual_warmup_steps (`int` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use retain_loss_kwargs={"dual_warmup_steps": ...} (method pdu). PDU: optimizer
-            steps before lambda starts to move (0).
-        rmu_layer (`int` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"layer": ...} (method rmu). RMU: decoder layer whose
-            output is steered (None: 7, or the second-to-last layer; also the retain term's).
-        rmu_trainable_layers (`list[int]` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"trainable_layers": ...} (method rmu). RMU: layers
-            whose MLP weights train (None: the steered layer and the two before it).
-        rmu_steering_coefficient (`float` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"steering_coefficient": ...} (method rmu). RMU: norm c
-            of the random target direction c * u (6.5).
-        refusal_answers (`list[str]` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"refusal_answers": [...]} (method idk_dpo). IdkDPO:
-            the refusals preferred over forget answers (default: a few 'I don't know' forms).
-        alternate_column (`str` or `None`, *optional*, defaults to `None`):
-            Deprecated (removed in 0.3): use forget_loss_kwargs={"alternate_column": ...} (method altpo). AltPO: the
-            forget records' column of plausible alternative answers (default perturbed_answer).
     """
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
@@ -312,67 +209,6 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         metadata={"help": "Allow output_dir to hold an earlier run (removed first); else refused unless resuming."},
     )
 
-    # Parameters that are deprecated (removed in 0.3): hf_unlearn.deprecated. The study options, then the
-    # baselines' former flags (deprecated aliases of their objectives' declared hyperparameters).
-    calibration_reference: str = field(
-        default="start",
-        metadata={"help": "Deprecated (removed in 0.3): leave it 'start'. Never-seen margins: 'start' or 'current'."},
-    )
-    calibration_refresh_margin: float | None = field(
-        default=1.0,
-        metadata={"help": "Deprecated (removed in 0.3). With calibration_reference='current': re-measure margin."},
-    )
-    calibration_refresh_every: int = field(
-        default=4,
-        metadata={"help": "Deprecated (removed in 0.3). With calibration_reference='current': re-measure this often."},
-    )
-    keep_best_state: bool = field(
-        default=False,
-        metadata={
-            "help": "Deprecated (removed in 0.3): use stop_on_violation. Restore the first state at the target."
-        },
-    )
-    score_answer_end: bool = field(
-        default=True,
-        metadata={
-            "help": "Deprecated (removed in 0.3): leave it True. Whether an answer's closing tokens are scored."
-        },
-    )
-    running_probe: bool = field(
-        default=True,
-        metadata={"help": "Deprecated (removed in 0.3): leave it True. The 'train' probe from the training forwards."},
-    )
-    retain_probe: str = field(
-        default="screen",
-        metadata={
-            "help": "Deprecated (removed in 0.3): leave it 'screen'. Retain at a probe: 'screen' or 'every_probe'."
-        },
-    )
-    continuation_cut_min_ratio: float | None = scoring_alias_field("continuation_cut_min_ratio")
-    continuation_cut_max_ratio: float | None = scoring_alias_field("continuation_cut_max_ratio")
-    continuation_min_prefix_tokens: int | None = scoring_alias_field("continuation_min_prefix_tokens")
-    continuation_min_suffix_tokens: int | None = scoring_alias_field("continuation_min_suffix_tokens")
-    npo_beta: float | None = alias_field("npo_beta")
-    simnpo_beta: float | None = alias_field("simnpo_beta")
-    simnpo_delta: float | None = alias_field("simnpo_delta")
-    dpo_beta: float | None = alias_field("dpo_beta")
-    undial_beta: float | None = alias_field("undial_beta")
-    wga_beta: float | None = alias_field("wga_beta")
-    satimp_beta1: float | None = alias_field("satimp_beta1")
-    satimp_beta2: float | None = alias_field("satimp_beta2")
-    ceu_ignore_first_n_answer_tokens: int | None = alias_field("ceu_ignore_first_n_answer_tokens")
-    altpo_beta: float | None = alias_field("altpo_beta")
-    pdu_epsilon: float | None = alias_field("pdu_epsilon")
-    pdu_epsilon_slack: float | None = alias_field("pdu_epsilon_slack")
-    pdu_dual_init: float | None = alias_field("pdu_dual_init")
-    pdu_dual_step: float | None = alias_field("pdu_dual_step")
-    pdu_dual_warmup_steps: int | None = alias_field("pdu_dual_warmup_steps")
-    rmu_layer: int | None = alias_field("rmu_layer")
-    rmu_trainable_layers: list[int] | None = alias_field("rmu_trainable_layers")
-    rmu_steering_coefficient: float | None = alias_field("rmu_steering_coefficient")
-    refusal_answers: list[str] | None = alias_field("refusal_answers")
-    alternate_column: str | None = alias_field("alternate_column")
-
     # Defaults that differ from TrainingArguments (listed in the docstring note).
     num_train_epochs: float | None = field(
         default=None,
@@ -420,7 +256,6 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         check_retain_guard(self)
         check_forget_scoring(self)
         complete_budget(self)
-        warn_retired(self)  # the study options on their way out (hf_unlearn/deprecated.py)
 
     @property
     def objectives(self) -> tuple[str, str]:

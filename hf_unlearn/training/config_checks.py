@@ -12,7 +12,6 @@ from typing import Any
 from transformers.utils import logging
 
 from ..data.pairing import continuation_options
-from ..deprecated import merge_scoring_aliases
 from ..objectives.registry import check_one_of
 from ..surgery.combine import STRATEGIES
 from .choices import FORGET_SCORINGS, resolve_method, sharded_surgery_error
@@ -97,7 +96,6 @@ def check_forget_scoring(config: Any) -> None:
             f"""forget_scoring_kwargs must be a dict or a JSON object such as '{{"min_prefix_tokens": 8}}', got """
             f"{given!r}."
         )
-    merge_scoring_aliases(config)  # the deprecated continuation_* flags, into forget_scoring_kwargs
     continuation_options(config.forget_scoring_kwargs)
 
 

@@ -95,11 +95,10 @@ class LossForwards:
     def _answer_window(self, model: nn.Module, batch: Mapping[str, Any]) -> int:
         """The first position whose logits predict an answer token in any row of ``batch``: the training forward runs
         its LM head from there on (``logits_to_keep``), since no loss, probe or stop reads a logit before it. 0 (the
-        whole sequence) where the model's forward does not take ``logits_to_keep`` or where the deprecated
-        ``calibration_match='prompt'`` reads the prompt's tokens beside the logits."""
+        whole sequence) where the model's forward does not take ``logits_to_keep``."""
         if self.answer_window_forward is None:
             self.answer_window_forward = accepts_logits_to_keep(self.accelerator.unwrap_model(model))
-        if not self.answer_window_forward or self.args.calibration_match == "prompt":
+        if not self.answer_window_forward:
             return 0
         return first_read_position(host_copy(batch))
 

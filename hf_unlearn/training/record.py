@@ -43,8 +43,8 @@ class UnlearnRecord:
         stop_kind: how the run ended: ``"target"`` (the stopping rule's target reached), ``"utility_floor"`` (a
             failure: the retain side fell through the floor), ``"budget"`` (every step ran), ``"other"``.
         stop_reason: the same in words, with the numbers; stop_step: the probe step that stopped it.
-        restored_step: the step whose weights the model was put back to (after a utility-floor failure, or the
-            best state kept with ``keep_best_state``); ``None`` when the model is the last step's.
+        restored_step: the step whose weights the model was put back to (after a utility-floor failure); ``None``
+            when the model is the last step's.
         global_step / max_steps: optimizer steps taken and the budget.
         violation_rate: the last probed violation rate of the stopping probe.
         probe_history: every probe (step 0 = the start), violation rates and answer probabilities.

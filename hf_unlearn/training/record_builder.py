@@ -31,7 +31,6 @@ TRAINING_HYPERPARAMETERS = (
     "forget_weight",
     "retain_weight",
     "gradient_surgery",
-    "score_answer_end",
 )
 STOPPING_HYPERPARAMETERS = (
     "stop_target",
@@ -44,13 +43,8 @@ STOPPING_HYPERPARAMETERS = (
     "probe_size",
     "hoeffding",
     "hoeffding_delta",
-    "running_probe",
-    "retain_probe",
-    "calibration_reference",
-    "calibration_refresh_margin",
-    "calibration_refresh_every",
 )
-GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure", "keep_best_state")
+GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure")
 CONTINUATION_HYPERPARAMETERS = ("forget_scoring", "forget_scoring_kwargs")
 
 
@@ -113,8 +107,6 @@ def beyond_paper(args: Any, objectives: Sequence[Any]) -> list[str]:
         )
     elif args.stop_target == "calibration":
         departures.append("stop_target='calibration': the run stops on the calibration gap, not on the violation rate")
-        if args.calibration_auc_slack is not None:
-            departures.append(f"calibration_auc_slack={args.calibration_auc_slack:g}: the stop also waits for Min-K%")
     return departures
 
 

@@ -26,9 +26,9 @@ from transformers.utils import logging
 from ..data.checks import alternative_answer_examples, check_unlearning_data, warn_if_nothing_is_cut
 from ..data.examples import appended_eos, ensure_pad_token
 from ..data.pairing import (
+    ContinuationScoring,
     ForgetRetainCollator,
     ForgetRetainDataset,
-    ForgetScoring,
     model_inputs,
     split_holdout,
     window_counts,
@@ -218,8 +218,8 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
         forget_train = [forget[i] for i in trained_idx]
         # forget_scoring='continuation': the probes score a fixed continuation per example, the training batches
         # one drawn anew each epoch (ForgetRetainDataset's forget_labels).
-        self._score_forget = ForgetScoring.from_config(args, seed, tokenizer)
-        if self._score_forget.continuation.enabled:
+        self._score_forget = ContinuationScoring.from_config(args, seed)
+        if self._score_forget.enabled:
             warn_if_nothing_is_cut(forget, args)
         held_out = [(i, forget[i]) for i in holdout_idx]
         probe_sets = ProbeSets.sample(
@@ -260,6 +260,7 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
             calibrated=args.stop_target in ("calibration", "membership"),
             can_snapshot=not self.is_deepspeed_enabled,
             min_k_leaves_out=appended_eos(self.processing_class, getattr(self.model, "config", None)),
+            last_step=lambda: bool(self.state.max_steps) and self.state.global_step >= self.state.max_steps,
         )
         self.add_callback(RetainPairingCallback(paired))
         # Objectives with state across steps (PDU's dual variable): kept, updated and checkpointed by one callback.
@@ -299,7 +300,7 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
                 loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits, loss_inputs.input_ids,
                 loss_inputs.attention_mask,
             )  # fmt: skip
-        if self.probes.running and tracked and part == "retain" and self.args.retain_probe == "screen":
+        if self.probes.running and tracked and part == "retain":
             self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
@@ -463,7 +464,7 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
 
     def _bind_stopping_callback(self, callback: ViolationStoppingCallback) -> None:
         guard = callback.utility_floor is not None and bool(self.args.restore_on_failure)
-        self.probes.bind(callback, guard=guard, keep_best=bool(self.args.keep_best_state))
+        self.probes.bind(callback, guard=guard)
 
     # --- evaluation -------------------------------------------------------------------------------------
 
@@ -536,8 +537,6 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
         start = time.perf_counter()
         self._trainable_params = None
         output = super().train(resume_from_checkpoint, *args, **kwargs)
-        if self.args.keep_best_state and self.stopping_callback.stop_kind is None and "best" in self.probes.snapshots:
-            self.probes.restore("best")
         self._train_seconds = time.perf_counter() - start
         self.record = self._make_record(final=True)
         if self.record.stop_kind == "budget" and self.record.stopping_rule:

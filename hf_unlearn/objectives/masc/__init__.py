@@ -4,8 +4,9 @@ Self-Correction", arXiv 2606.02920, 2026), in one place:
 * :mod:`.margin`: the restricted margin, the buffered hinge and the violation statistic (§3), Proposition 1's bound;
 * :mod:`.calibration`: thresholds from never-seen data (beyond the paper);
 * :mod:`.loss`: the forget objective, registered as ``"masc"`` (its retain terms are :mod:`..retain`'s);
-* :mod:`.probe`: what the stopping rule measures while training (and :mod:`.probe_checkpoint`, what of it a
-  checkpoint keeps);
+* :mod:`.probe`: what the stopping rule measures while training (:mod:`.stop_read`: the exact read a calibrated stop
+  decides on; :mod:`.kept_states`: the weights the utility floor may put back; :mod:`.probe_checkpoint`: what of it
+  a checkpoint keeps);
 * :mod:`.stopping`: the online stopping rule and the utility floor, a ``TrainerCallback``;
 * :mod:`.options`: its parameters (:class:`MascArguments`, inherited by ``UnlearnConfig``), their checks, and what
   ``'auto'`` resolves to for the data.
@@ -14,7 +15,14 @@ Self-Correction", arXiv 2606.02920, 2026), in one place:
 ours, with a calibration set, is listed by :func:`masc_beyond_paper`."""
 
 from . import loss  # noqa: F401  (registers the "masc" objective)
-from .calibration import NeverSeenLevels, calibration_gap, matched_thresholds, token_levels
+from .calibration import (
+    NeverSeenLevels,
+    NeverSeenReference,
+    calibration_gap,
+    matched_thresholds,
+    spread_by_id,
+    token_levels,
+)
 from .loss import MASC_PAPER, masc_beyond_paper, masc_loss, rival_kl
 from .margin import (
     MarginResult,
@@ -34,6 +42,7 @@ __all__ = [
     "MarginResult",
     "MascArguments",
     "NeverSeenLevels",
+    "NeverSeenReference",
     "ProbeSets",
     "ProbeState",
     "ViolationStoppingCallback",
@@ -49,6 +58,7 @@ __all__ = [
     "resolved_for_run",
     "restricted_margin",
     "rival_kl",
+    "spread_by_id",
     "threshold_from_probability",
     "token_levels",
     "violation_fractions",

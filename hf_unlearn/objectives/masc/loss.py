@@ -17,7 +17,7 @@ from ..registry import (
     model_vocab_size,
     register_forget_objective,
 )
-from .calibration import NeverSeenLevels, matched_thresholds, prompt_copies
+from .calibration import NeverSeenLevels, matched_thresholds
 from .margin import masc_hinge, restricted_margin
 
 logger = logging.get_logger(__name__)
@@ -94,13 +94,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     token's rank among the batch's forget tokens (:func:`~.calibration.calibrated_thresholds`), so the
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
     ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
-    ``calibration_match="token"`` (beyond the paper) a token the never-seen answers also use is held to that
-    token's own never-seen level (``"token_spread"``: matched with the never-seen spread around it too,
-    ``"id_spread"``: with the spread of its own id;
-    :func:`~.calibration.matched_thresholds`); with
-    ``calibration_match="prompt"`` (beyond the paper) an answer's own word that its question holds too
-    (the author's name) is matched with the never-seen answers' words repeated from their questions
-    (:func:`~.calibration.prompt_copies`).
+    ``calibration_match="id_spread"`` (beyond the paper) a token the never-seen answers also use is matched with its
+    own id's never-seen level and spread (:func:`~.calibration.matched_thresholds`).
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
@@ -112,15 +107,10 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     )
     tau: float | torch.Tensor = config.masc_tau
     if config.masc_threshold == "calibration":
-        copied = None
         levels = None if inputs.calibration_levels is None else NeverSeenLevels(*inputs.calibration_levels)
-        if levels is not None and levels.copied is not None and inputs.input_ids is not None:  # 'prompt' matching
-            copied = prompt_copies(inputs.input_ids, inputs.labels, inputs.attention_mask)[:, 1:][result.mask]
         thresholds = torch.zeros_like(result.margins)
-        (margins, tokens, copied), own = gathered_across_processes(
-            [result.margins[result.mask].detach(), labels[result.mask], copied]
-        )
-        matched = matched_thresholds(margins, inputs.calibration_margins, tokens=tokens, levels=levels, copied=copied)
+        (margins, tokens), own = gathered_across_processes([result.margins[result.mask].detach(), labels[result.mask]])
+        matched = matched_thresholds(margins, inputs.calibration_margins, tokens=tokens, levels=levels)
         # The never-seen margins are kept in float32; a float64 model's margins are not.
         thresholds[result.mask] = matched[own].to(thresholds.dtype)
         tau = thresholds

@@ -27,7 +27,6 @@ from ...scores import (
     token_log_probs,
     upcast_half,
 )
-from .calibration import prompt_copies
 
 COMPETITOR_SOURCES = ("self", "teacher")
 
@@ -170,9 +169,9 @@ def measure_violations(
     min_k_leaves_out: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
-    ``margins``, every scored token's margin, with its id in ``tokens`` and whether its prompt holds it too in
-    ``copied`` (for :func:`calibration_gap`); ``min_k``, each example's Min-K% Prob (:func:`min_k_per_example`),
-    without a final ``min_k_leaves_out`` token (:func:`leave_out_final`).
+    ``margins``, every scored token's margin, with its id in ``tokens`` (for :func:`calibration_gap`); ``min_k``, each
+    example's Min-K% Prob (:func:`min_k_per_example`), without a final ``min_k_leaves_out`` token
+    (:func:`leave_out_final`).
 
     The one model-side measurement of the margin outside the loss: the stopping probe, the run record's bound and
     the evaluation all call this. ``reference_logits(batch)`` selects teacher competitors. Examples without
@@ -182,7 +181,7 @@ def measure_violations(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    fractions, lengths, probabilities, margins, tokens, copied, min_k = [], [], [], [], [], [], []
+    fractions, lengths, probabilities, margins, tokens, min_k = [], [], [], [], [], []
     try:
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
@@ -199,8 +198,6 @@ def measure_violations(
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
             tokens.append(labels[result.mask].cpu())
-            repeated = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
-            copied.append(repeated[:, 1:][result.mask].cpu())
             answer_log_probs = token_log_probs(logits.detach(), answer_labels)  # one log-softmax for both reads
             probabilities.append(probabilities_of(*answer_log_probs)[0].cpu())
             log_probs, scored_mask = answer_log_probs
@@ -218,5 +215,4 @@ def measure_violations(
         "min_k": torch.cat(min_k)[scored],
         "margins": torch.cat(margins),
         "tokens": torch.cat(tokens),
-        "copied": torch.cat(copied),
     }

@@ -13,7 +13,6 @@ from typing import Any
 
 from transformers.utils import logging
 
-from ...deprecated import warn_auc_slack_with_gap
 from ..registry import check_one_of
 from .margin import COMPETITOR_SOURCES, threshold_from_probability
 from .probe import calibration_sample_size
@@ -25,9 +24,7 @@ STOP_PROBES = ("train", "holdout")
 STOP_TARGETS = ("auto", "alpha", "calibration", "membership")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
 MASC_HINGES = ("one_sided", "two_sided")
-CALIBRATION_MATCHES = ("rank", "token", "prompt", "token_spread", "id_spread")
-RETAIN_PROBES = ("screen", "every_probe")
-CALIBRATION_REFERENCES = ("start", "current")
+CALIBRATION_MATCHES = ("rank", "id_spread")
 
 
 @dataclass
@@ -62,8 +59,7 @@ class MascArguments:
             How a forget token finds its never-seen counterpart (calibrated threshold and stop): 'rank' (the paper's
             quantile matching: the never-seen margin at its rank) or 'id_spread' (beyond the paper: a token the
             never-seen answers use too gets its id's mean never-seen margin plus that id's never-seen spread at its
-            rank; the forget answers' own words are matched by rank to theirs). 'token', 'token_spread' and 'prompt'
-            are deprecated (removed in 0.3; docs/studies/masc_landing.md, "What was tried and failed").
+            rank; the forget answers' own words are matched by rank to theirs; docs/studies/masc_landing.md).
         competitor_source (`str`, *optional*, defaults to `"self"`):
             MASC: who picks the k competitors: 'self' (current model, used for TOFU) or 'teacher' (the frozen start
             model, used for MUSE News).
@@ -98,9 +94,9 @@ class MascArguments:
             stop_target='calibration': stop once the calibration gap (the mean excess, in logits, of the forget
             answers' margins over their never-seen counterparts, see calibration_match) is at most this.
         calibration_auc_slack (`float` or `None`, *optional*, defaults to `None`):
-            The Min-K% (k 0.4) AUC of the probe's last probe_size forget answers against the calibration answers
-            must reach 0.5 - this for stop_target='membership' to stop (None: 0.05). Beyond the paper. With
-            stop_target='calibration', a second condition of the gap's stop: deprecated (removed in 0.3).
+            stop_target='membership' (beyond the paper): stop once the Min-K% (k 0.4) AUC of the stop's forget sample
+            (up to probe_size answers trained on) against the calibration answers, both read at the current weights,
+            reaches 0.5 - this (None: 0.05).
         probe_interval (`int`, *optional*, defaults to `5`):
             Measure the violation rate every this many optimizer steps (0 disables probing).
         stop_probe (`str`, *optional*, defaults to `"train"`):
@@ -151,7 +147,7 @@ class MascArguments:
     )
     calibration_match: str = field(
         default="id_spread",
-        metadata={"help": "How a forget token finds its never-seen match: 'rank' or 'id_spread' (others deprecated)."},
+        metadata={"help": "How a forget token finds its never-seen match: 'rank' (the paper's) or 'id_spread'."},
     )
     competitor_source: str = field(
         default="self",
@@ -295,8 +291,6 @@ def resolved_for_data(
             f"±{spread:.2f}, wider than {MEMBERSHIP_AUC_MAX_SPREAD}. More of either (or stop_target='membership') "
             "changes that."
         )
-    if resolved.stop_target == "calibration" and args.stop_target == "auto" and args.calibration_auc_slack is not None:
-        warn_auc_slack_with_gap()  # 'auto' took the gap: the slack becomes its retired second condition
     if resolved.stop_target == "membership" and args.calibration_auc_slack is None:
         resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
         logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")
@@ -341,24 +335,20 @@ def check_stopping(config: Any) -> None:
         config,
         (
             ("stop_probe", STOP_PROBES),
-            ("calibration_reference", CALIBRATION_REFERENCES),
-            ("retain_probe", RETAIN_PROBES),
             ("stop_target", STOP_TARGETS),
         ),
     )
     if not 0.0 <= config.stop_alpha <= 1.0:
         raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {config.stop_alpha}.")
-    if config.calibration_refresh_margin is not None and config.calibration_refresh_margin < 0:
-        raise ValueError(
-            f"calibration_refresh_margin is in logits and must be >= 0 (or None), got "
-            f"{config.calibration_refresh_margin}."
-        )
     if config.calibration_auc_slack is not None and not 0.0 <= config.calibration_auc_slack <= 0.5:
         raise ValueError(
             f"calibration_auc_slack is an AUC distance and must be in [0, 0.5], got {config.calibration_auc_slack}."
         )
-    if config.calibration_refresh_every < 1:
-        raise ValueError(f"calibration_refresh_every must be >= 1, got {config.calibration_refresh_every}.")
+    if config.stop_target == "calibration" and config.calibration_auc_slack is not None:
+        raise ValueError(
+            "calibration_auc_slack is the Min-K% stop's (stop_target='membership'); stop_target='calibration' reads "
+            "the calibration gap alone (calibration_slack)."
+        )
     if config.probe_interval < 0:
         raise ValueError(f"probe_interval must be >= 0, got {config.probe_interval}.")
     if config.holdout_fraction is None:

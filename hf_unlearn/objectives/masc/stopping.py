@@ -13,6 +13,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
+from .stop_read import auc_with_interval, last_exact_read
+
 logger = logging.get_logger(__name__)
 
 
@@ -47,13 +49,13 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     whose restricted margin exceeds tau; the run stops at the first probe where it is <= ``alpha``. With
     ``hoeffding=True`` its one-sided Hoeffding upper bound ``rate + sqrt(log(1/delta_j) / 2n)``, ``delta_j = 6 delta /
     (pi^2 (j+1)^2)``, must be instead. With ``target="calibration"`` (beyond the paper) the run stops once the forget
-    answers look no more familiar to the model than data of the same kind it never trained on (the calibration set,
-    measured under the current model at the same probe): the calibration gap, the mean excess of the forget set's
-    sorted margins over the never-seen margins at the same quantiles
-    (:func:`~.calibration.calibration_gap`), is <= ``calibration_slack`` logits, and, with
-    ``calibration_auc_slack``, once Min-K% (Shi et al. 2024) tells the forget answers from the calibration answers no
-    better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``). With
-    ``target="membership"`` (beyond the paper) that AUC alone decides, with no condition on the gap.
+    answers look no more familiar to the model than data of the same kind it never trained on (the calibration set):
+    the calibration gap, the mean excess of the forget set's sorted margins over the never-seen margins at the same
+    quantiles (:func:`~.calibration.calibration_gap`), is <= ``calibration_slack`` logits. With
+    ``target="membership"`` (beyond the paper) it stops once Min-K% (Shi et al. 2024) tells the forget answers from
+    the calibration answers no better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``).
+    Both decide only on exact reads, both sets scored at the current weights as the evaluation scores them
+    (:mod:`.stop_read`).
 
     Utility floor: when the retain answer probability at a probe is below ``utility_floor`` times its value at the
     start of training, the run stops as a failure (``stop_kind == "utility_floor"``), whatever the forget side says.
@@ -125,19 +127,16 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         self,
         probe: Probe,
         on_good_state: Callable[[int], None] | None = None,
-        on_target: Callable[[int], None] | None = None,
         on_failure: Callable[[int], None] | None = None,
         export_running: Callable[[], dict[str, list[float]]] | None = None,
     ) -> None:
         """Give the callback the function that measures the current model, and what to call (with the step) at a
-        probe that passed the floor, at the first probe that met the target, and when the floor is crossed;
+        probe that passed the floor and when the floor is crossed;
         ``export_running`` returns the probe's running sums when a checkpoint is saved."""
         self._probe = probe
         self._export_running = export_running
         self._hooks = {
-            name: hook
-            for name, hook in (("good", on_good_state), ("target", on_target), ("failure", on_failure))
-            if hook is not None
+            name: hook for name, hook in (("good", on_good_state), ("failure", on_failure)) if hook is not None
         }
 
     def state(self) -> dict[str, Any]:
@@ -177,10 +176,12 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         return self.calibration_slack if self.target == "calibration" else self.alpha
 
     def statistic(self, measured: dict[str, float], bound: float) -> float:
+        """The decisive statistic of this probe. The calibrated targets' is an exact read, taken only at some probes
+        (:mod:`.stop_read`): at the others it is missing, and the target is not met."""
         if self.target == "membership":
             return float(measured.get("calibration_min_k_auc", -math.inf))
         if self.target == "calibration":
-            return float(measured["calibration_gap"])
+            return float(measured.get("calibration_gap", math.inf))
         return bound if self.hoeffding else float(measured["violation_rate"])
 
     def target_met(self, measured: dict[str, float], bound: float) -> bool:
@@ -188,16 +189,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         statistic, threshold = self.statistic(measured, bound), self.threshold(measured)
         if self.target == "membership":
             return statistic >= threshold
-        return statistic <= threshold and self.membership_met(measured)
-
-    def membership_met(self, measured: dict[str, float]) -> bool:
-        """The calibrated stop's optional second condition (beyond the MASC paper): on free text the gap alone can
-        stop with the forget set still more familiar than never-seen data to Min-K% (docs/studies/masc_landing.md,
-        section 7); with ``calibration_auc_slack`` the stop also waits for the Min-K% AUC of the forget answers against
-        the calibration answers to reach ``0.5 - calibration_auc_slack``."""
-        if self.target == "alpha" or self.calibration_auc_slack is None:
-            return True
-        return measured.get("calibration_min_k_auc", -math.inf) >= 0.5 - self.calibration_auc_slack
+        return statistic <= threshold
 
     def _call(self, hook: str, step: int) -> None:
         if hook in self._hooks:
@@ -253,7 +245,6 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         met = self.target_met(measured, bound)
         if met and self.first_target_step is None:
             self.first_target_step = step
-            self._call("target", step)
         if self.stop and met:
             self.stop_step, self.stop_kind = step, "target"
             control.should_training_stop = True
@@ -267,13 +258,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
             relation = ">=" if self.target == "membership" else "<="
             logger.info(
                 f"Unlearning target reached at step {step}: forget {measure} {statistic:.3f} {relation} "
-                f"{threshold:.3f}, "
-                + (
-                    f"Min-K% AUC against the calibration set {measured['calibration_min_k_auc']:.3f}, "
-                    if "calibration_min_k_auc" in measured and self.target == "calibration"
-                    else ""
-                )
-                + f"violation rate {rate:.3f}"
+                f"{threshold:.3f}, violation rate {rate:.3f}"
                 + (f", retain answer probability {retain:.3f}." if retain is not None else ".")
             )
             return control
@@ -284,7 +269,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
 #: What loosens each stop target, named by the budget-exhausted warning.
 LOOSER_TARGET = {
     "alpha": "a larger stop_alpha, or a calibration_dataset with stop_target='calibration'",
-    "calibration": "a larger calibration_slack, or a larger calibration_auc_slack when it is set",
+    "calibration": "a larger calibration_slack",
     "membership": "a larger calibration_auc_slack",
 }
 
@@ -310,30 +295,23 @@ def stop_kind(stopping: Any, state: Any) -> str | None:
 
 def _target_reason(stopping: Any, args: Any, last: dict[str, Any]) -> str:
     """The sentence of a run that met its target."""
+    trained = (
+        f"a fixed sample of up to {args.probe_size} forget answers trained on"
+        if args.stop_probe == "train"
+        else "the held-out forget answers"
+    )
     if stopping.target == "membership":
-        trained = (
-            f"the last {args.probe_size} forget answers trained on"
-            if args.stop_probe == "train"
-            else "the held-out forget answers"
-        )
         return (
             f"target reached: at step {stopping.stop_step} Min-K% told {trained} from never-seen data no better than "
-            f"AUC {last.get('calibration_min_k_auc', float('nan')):.3f} >= {stopping.threshold(last):g} (calibration "
-            f"gap {last.get('calibration_gap', float('nan')):.3f} logits; violation rate "
-            f"{stopping.last_violation_rate:.3f})"
+            f"AUC {auc_with_interval(last)} >= {stopping.threshold(last):g}, both read at "
+            f"the step's weights (calibration gap {last.get('calibration_gap', float('nan')):.3f} logits; violation "
+            f"rate {stopping.last_violation_rate:.3f})"
         )
     if stopping.target == "calibration":
         return (
-            f"target reached: at step {stopping.stop_step} the {args.stop_probe} probe's answers looked no "
-            f"more familiar than never-seen data (calibration gap "
-            f"{last.get('calibration_gap', float('nan')):.3f} <= {stopping.calibration_slack:g} logits"
-            + (
-                f", Min-K% AUC against them {last['calibration_min_k_auc']:.3f} >= "
-                f"{0.5 - stopping.calibration_auc_slack:g}"
-                if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None
-                else ""
-            )
-            + f"; violation rate {stopping.last_violation_rate:.3f}, never-seen "
+            f"target reached: at step {stopping.stop_step} {trained} looked no more familiar than never-seen data, "
+            f"both read at the step's weights (calibration gap {last.get('calibration_gap', float('nan')):.3f} <= "
+            f"{stopping.calibration_slack:g} logits; violation rate {stopping.last_violation_rate:.3f}, never-seen "
             f"{last.get('violation_rate_calibration', float('nan')):.3f})"
         )
     measure = "upper confidence bound of the violation rate" if args.hoeffding else "violation rate"
@@ -343,24 +321,29 @@ def _target_reason(stopping: Any, args: Any, last: dict[str, Any]) -> str:
     )
 
 
-def _budget_reason(stopping: Any, state: Any, args: Any, last: dict[str, Any], restored: str) -> str:
-    """The sentence of a run whose steps ran out, with what the rule last read against its target."""
+def _budget_reason(stopping: Any, state: Any, args: Any, history: list[dict[str, Any]], restored: str) -> str:
+    """The sentence of a run whose steps ran out, with what the rule last read against its target (a calibrated
+    target: its last exact read)."""
     if not (args.stop_on_violation and args.probe_interval > 0):
         return f"budget exhausted: all {state.max_steps} steps ran (no stopping rule){restored}"
     rate = stopping.last_violation_rate
+    last = last_exact_read(history)
     if rate is None:
         measured = "never probed"
     elif stopping.target == "calibration" and "calibration_gap" in last:
         # the statistic the rule compares with its target: the gap, in logits, not the violation rate
-        measured = f"last calibration gap {last['calibration_gap']:.3f} logits, violation rate {rate:.3f}"
+        measured = (
+            f"last calibration gap {last['calibration_gap']:.3f} logits at step {last['step']}, violation "
+            f"rate {rate:.3f}"
+        )
     else:
         measured = f"last violation rate {rate:.3f}"
     threshold = last.get("stop_threshold")
     target = "" if threshold is None or stopping.target == "membership" else f", target {threshold:.3f}"
-    if "calibration_min_k_auc" in last and stopping.calibration_auc_slack is not None:
+    if stopping.target == "membership" and "calibration_min_k_auc" in last:
         target += (
-            f"; Min-K% AUC against never-seen data {last['calibration_min_k_auc']:.3f}, target "
-            f">= {0.5 - stopping.calibration_auc_slack:g}"
+            f"; Min-K% AUC against never-seen data {auc_with_interval(last)} at step {last['step']}, "
+            f"target >= {0.5 - stopping.calibration_auc_slack:g}"
         )
     return (
         f"budget exhausted: all {state.max_steps} steps ran without meeting the stopping rule "
@@ -383,7 +366,7 @@ def stop_reason(stopping: Any, state: Any, args: Any, restored_step: int | None)
             f"value {stopping.start_retain_probability:.4g}{restored}"
         )
     if kind == "budget":
-        return _budget_reason(stopping, state, args, last, restored)
+        return _budget_reason(stopping, state, args, stopping.history, restored)
     if kind is None:
         return "not trained yet"
     return f"stopped at step {state.global_step} of {state.max_steps} by another callback or an interruption{restored}"
