@@ -672,3 +672,35 @@ def test_the_probes_read_every_calibration_answer_up_to_a_multiple_of_probe_size
     assert calibration_inputs() == [e["input_ids"] for e in NEVER_SEEN]
     monkeypatch.setattr(probing, "CALIBRATION_SIZE_FACTOR", 1)
     assert len(calibration_inputs()) == 4
+
+
+def test_masc_computes_the_margin_once_a_step_for_the_loss_and_the_running_read(
+    tmp_path, memorized_llama_state, monkeypatch
+):
+    """Issue 67: the restricted margin of a forget batch is computed once, by MASC's loss, and the stop's running read
+    takes it (its rate still equals an eval-mode probe: test_running_rate_equals_an_eval_mode_probe_on_the_same_batch);
+    another objective's run computes it in the probe."""
+    from hf_unlearn.objectives.masc import loss as masc_loss_module
+    from hf_unlearn.objectives.masc import probe as probe_module
+
+    calls = {"loss": 0, "probe": 0}
+    for module, name in ((masc_loss_module, "loss"), (probe_module, "probe")):
+        original = module.restricted_margin
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "restricted_margin", counted)
+    trainer = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path, max_steps=3), FORGET, RETAIN)
+    assert trainer.probes.running
+    trainer.train()
+    assert calls == {"loss": 3, "probe": 0}  # one forget batch a step, its margin computed once
+    assert trainer.record.probe_history[-1]["violation_rate_train"] >= 0
+    calls.update(loss=0, probe=0)
+    other = UnlearnTrainer(
+        fresh(memorized_llama_state), config(tmp_path / "npo", method="npo", max_steps=3, probe_interval=1),
+        FORGET, RETAIN,
+    )  # fmt: skip
+    other.train()
+    assert calls == {"loss": 0, "probe": 3}

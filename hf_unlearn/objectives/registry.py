@@ -42,12 +42,11 @@ class LossInputs:
     every process; the loss is a sum over this batch divided by it. ``None``: this batch's own count (a plain mean).
     ``calibration_margins`` (only for objectives registered with ``needs_calibration``): the restricted margins of
     every answer token of the calibration set (data of the same kind the model never trained on), measured under the
-    current model at the last probe; with ``calibration_match='token'``, those of the never-seen answers' own words,
-    and ``calibration_levels`` (a :class:`~hf_unlearn.objectives.masc.calibration.NeverSeenLevels`) the ids the forget
-    answers share with them, their mean margins and spread
-    (:func:`~hf_unlearn.objectives.masc.calibration.token_levels`), with ``calibration_match='prompt'`` also the sorted
-    margins of the never-seen answers' own words repeated from their prompt. ``input_ids``: the batch's tokens
-    (unshifted).
+    start model; with ``calibration_match='id_spread'``, those of the never-seen answers' own words, and
+    ``calibration_levels`` (a :class:`~hf_unlearn.objectives.masc.calibration.NeverSeenLevels`) the ids the forget
+    answers share with them, their mean margins and each id's spread. ``input_ids``: the batch's tokens (unshifted).
+    ``margins``: set by an objective that computed the restricted margin of this batch (MASC), so that the stop's
+    running read takes it instead of computing it again.
     ``hyperparameters``: the values of the hyperparameters the
     objective declared in its registration, the defaults updated with the user's ``forget_loss_kwargs`` /
     ``retain_loss_kwargs``.
@@ -67,6 +66,7 @@ class LossInputs:
     input_ids: torch.Tensor | None = None
     state: dict[str, Any] | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    margins: Any = None
 
 
 @dataclass(frozen=True)

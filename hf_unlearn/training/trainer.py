@@ -295,17 +295,19 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
         loss_inputs = self._loss_inputs(model, inputs[part], objective, count)
         loss_inputs.hyperparameters = self.objective_kwargs[part]
         tracked = model.training and not self.sam.perturbed  # SAM's pass at perturbed weights is not measured
-        if self.probes.running and tracked and part == "forget":
-            self.probes.accumulate(
-                loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits, loss_inputs.input_ids,
-                loss_inputs.attention_mask,
-            )  # fmt: skip
-        if self.probes.running and tracked and part == "retain":
-            self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         if objective.needs_refusal or objective.needs_alternate:
             loss_inputs.refusal = self._loss_inputs(model, inputs["refusal"], objective, count)
             loss_inputs.refusal.hyperparameters = loss_inputs.hyperparameters
-        return objective.fn(loss_inputs)
+        loss = objective.fn(loss_inputs)
+        if self.probes.running and tracked and part == "forget":
+            # after the loss, so that the restricted margin MASC's loss computed serves the running read too
+            self.probes.accumulate(
+                loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits, loss_inputs.input_ids,
+                loss_inputs.attention_mask, margins=loss_inputs.margins,
+            )  # fmt: skip
+        if self.probes.running and tracked and part == "retain":
+            self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
+        return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """Weighted sum of the objectives whose part (``forget``, ``retain``) is in ``inputs`` (unweighted parts

@@ -105,6 +105,7 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     result = restricted_margin(
         logits, labels, k=config.masc_k, beta=config.masc_beta, teacher_logits=teacher, delta=config.competitor_delta
     )
+    inputs.margins = result  # the stop's running read takes it (one margin a step: UnlearnTrainer._objective_loss)
     tau: float | torch.Tensor = config.masc_tau
     if config.masc_threshold == "calibration":
         levels = None if inputs.calibration_levels is None else NeverSeenLevels(*inputs.calibration_levels)

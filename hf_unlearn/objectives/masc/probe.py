@@ -29,7 +29,7 @@ from ...scores import (
 )
 from .calibration import NeverSeenLevels, NeverSeenReference, never_seen_reference
 from .kept_states import KeptStates
-from .margin import exact_reproduction_bound, measure_violations, restricted_margin, violation_fractions
+from .margin import MarginResult, exact_reproduction_bound, measure_violations, restricted_margin, violation_fractions
 from .probe_checkpoint import ProbeCheckpointing
 from .stop_read import STOP_STATISTICS, StopReadState, min_k_auc, min_k_auc_interval, stop_statistic
 
@@ -188,6 +188,7 @@ class ProbeState(KeptStates, ProbeCheckpointing):
         reference_logits: torch.Tensor | None,
         input_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        margins: MarginResult | None = None,
     ) -> None:
         """Per-example statistics of a forget batch from its own logits, summed on the device until the next probe:
         [violation fraction, answer probability, examples] (and the token margins, for the calibrated target). They
@@ -202,17 +203,20 @@ class ProbeState(KeptStates, ProbeCheckpointing):
         if self.reads_membership:
             min_k = min_k_per_example(log_probs, leave_out_final(mask, shifted_labels, self.min_k_leaves_out))
             self.running_min_k.append(min_k[~torch.isnan(min_k)])
-        teacher = None
-        if self.args.competitor_source == "teacher":
-            teacher, _ = shift_for_causal_lm(reference_logits.detach(), labels)
-        margins = restricted_margin(
-            shifted,
-            shifted_labels,
-            k=self.args.masc_k,
-            beta=self.args.masc_beta,
-            teacher_logits=teacher,
-            delta=self.args.competitor_delta,
-        )
+        if margins is None:  # not computed by the loss (another objective than MASC's): the probe's own
+            teacher = None
+            if self.args.competitor_source == "teacher":
+                teacher, _ = shift_for_causal_lm(reference_logits.detach(), labels)
+            margins = restricted_margin(
+                shifted,
+                shifted_labels,
+                k=self.args.masc_k,
+                beta=self.args.masc_beta,
+                teacher_logits=teacher,
+                delta=self.args.competitor_delta,
+            )
+        else:
+            margins = MarginResult(margins.margins.detach(), margins.mask)
         fractions, _ = violation_fractions(margins, self.args.masc_tau)
         stats = torch.stack([(fractions * scored).sum(), probabilities.sum(), scored.sum()]).double()
         self.running_sums["forget"] = self.running_sums["forget"] + stats if "forget" in self.running_sums else stats
