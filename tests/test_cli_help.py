@@ -116,3 +116,17 @@ def test_a_command_declared_twice_is_refused_unless_it_is_the_same_source_run_as
     with pytest.raises(ValueError, match="'demo' is declared twice"):
         command("demo")(demo)
     COMMANDS["demo"] = type(COMMANDS["demo"])("demo", existing)
+
+
+@pytest.mark.parametrize(("flags", "shown"), [(["--method", "npo"], False), (["--forget_loss=simnpo"], False),
+                                              (["--method", "masc"], True), ([], True)])  # fmt: skip
+def test_a_methods_help_leaves_out_the_options_it_does_not_read(capsys, flags, shown):
+    """Issue 67: `hf-unlearn run --method npo --help` does not list MASC's margin and hinge options (NPO reads none of
+    them) and says so; the stopping rule's options, which work with every objective, stay."""
+    from hf_unlearn.objectives.masc.options import MARGIN_OPTIONS
+
+    assert main(["run", *flags, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert all((f"--{name} " in text) is shown for name in MARGIN_OPTIONS)
+    assert "--stop_on_violation" in text and "--utility_floor" in text and "--forget_loss_kwargs" in text
+    assert ("does not read them" in text) is not shown

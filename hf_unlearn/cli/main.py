@@ -92,6 +92,35 @@ def yaml_to_argv(path: str) -> list[str]:
     return argv
 
 
+def named_value(argv: list[str], flag: str) -> str | None:
+    """The value ``argv`` gives ``flag`` (``--flag value`` or ``--flag=value``), else None."""
+    for position, arg in enumerate(argv):
+        name, equals, value = arg.partition("=")
+        if name == flag:
+            return value if equals else (argv[position + 1] if position + 1 < len(argv) else None)
+    return None
+
+
+def hide_unread_options(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """``--help`` with a method (or a forget loss) whose forget objective is not MASC's: leave MASC's margin and hinge
+    options (:data:`~hf_unlearn.objectives.masc.options.MARGIN_OPTIONS`) out of the help, which that run does not
+    read."""
+    from ..objectives.masc.options import MARGIN_OPTIONS
+    from ..objectives.registry import METHODS
+
+    method, forget_loss = named_value(argv, "--method"), named_value(argv, "--forget_loss")
+    forget = forget_loss or (METHODS.get(method, (None, None))[0] if method else None)
+    if forget is None or forget == "masc":
+        return
+    for action in parser._actions:
+        if action.dest in MARGIN_OPTIONS:
+            action.help = argparse.SUPPRESS
+    parser.epilog = (
+        f"MASC's margin and hinge options ({', '.join(MARGIN_OPTIONS)}) are left out: the forget objective "
+        f"{forget!r} does not read them."
+    )
+
+
 def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
     """Flags, or a YAML file (``hf-unlearn run config.yaml``, optionally followed by flags that override it)."""
     from transformers import HfArgumentParser
@@ -110,6 +139,7 @@ def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
         source = argv[0]
         argv = yaml_to_argv(argv[0]) + argv[1:]
     if "-h" in argv or "--help" in argv:
+        hide_unread_options(parser, argv)
         raise HelpRequested(parser)
     try:
         return parser.parse_args_into_dataclasses(args=argv)

@@ -20,6 +20,22 @@ from .stopping import DEFAULT_MEMBERSHIP_AUC_SLACK
 
 logger = logging.get_logger(__name__)
 
+#: The options of MASC's restricted margin and hinge, which no other forget objective reads (``hf-unlearn run
+#: --method npo --help`` leaves them out); the stopping rule's and the retain guard's work with every objective.
+MARGIN_OPTIONS = (
+    "masc_k",
+    "masc_beta",
+    "masc_rho",
+    "masc_eta",
+    "masc_threshold",
+    "masc_hinge",
+    "calibration_match",
+    "competitor_source",
+    "competitor_delta",
+    "masc_rival_kl",
+    "masc_rival_temperature",
+)
+
 STOP_PROBES = ("train", "holdout")
 STOP_TARGETS = ("auto", "alpha", "calibration", "membership")
 MASC_THRESHOLDS = ("auto", "rho", "calibration")
