@@ -19,6 +19,7 @@ from ..registry import (
 )
 from .calibration import NeverSeenLevels, matched_thresholds
 from .margin import masc_hinge, restricted_margin
+from .options import MARGIN_OPTIONS
 
 logger = logging.get_logger(__name__)
 
@@ -66,19 +67,7 @@ def masc_beyond_paper(config: Any) -> tuple[str, ...]:
     "masc",
     paper=MASC_PAPER,
     needs_reference=lambda config: config.competitor_source == "teacher" or (config.masc_rival_kl or 0) > 0,
-    hyperparameters=(
-        "masc_k",
-        "masc_beta",
-        "masc_rho",
-        "masc_eta",
-        "masc_threshold",
-        "masc_hinge",
-        "calibration_match",
-        "competitor_source",
-        "competitor_delta",
-        "masc_rival_kl",
-        "masc_rival_temperature",
-    ),
+    hyperparameters=MARGIN_OPTIONS,
     prepare=_check_masc_k,
     needs_calibration=lambda config: config.masc_threshold == "calibration",
     methods={"masc": "kl"},
