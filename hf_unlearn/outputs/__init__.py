@@ -1,6 +1,7 @@
 """What a run writes from its record: the report (:mod:`.report`), the model card from its template
 (:mod:`.model_card`), plots (:mod:`.plots`) and the Hub push (:mod:`.hub`)."""
 
+from .card_metadata import is_hub_id
 from .hub import (
     ensure_hub_reachable,
     push_folder,
@@ -8,7 +9,6 @@ from .hub import (
 from .model_card import (
     TEMPLATE_PATH,
     build_model_card,
-    is_hub_id,
     write_model_card,
 )
 from .plots import (

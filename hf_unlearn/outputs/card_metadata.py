@@ -1,11 +1,13 @@
 """What a model card says to machines: the Hub's ``model-index`` (its results, which the Hub shows) and the
-``unlearning`` block, a record of what was forgotten and how well, in the card's YAML. The block's schema is
-documented in docs/hub.md so that other tools can write and read it too; :data:`UNLEARNING_SCHEMA` names its
-version."""
+``unlearning`` block, a record of what was forgotten and how well, in the card's YAML; and whether a name is a Hub id.
+The block's schema is documented in docs/hub.md so that other tools can write and read it too;
+:data:`UNLEARNING_SCHEMA` names its version."""
 
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Any
 
 from ..training.record import UnlearnRecord
@@ -13,8 +15,15 @@ from ..training.record import UnlearnRecord
 #: The name and version of the ``unlearning`` block's schema (docs/hub.md).
 UNLEARNING_SCHEMA = "hf_unlearn/unlearning-card/v1"
 
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
 #: The metrics of the run record's before/after tables that go into the model-index, per split.
 INDEXED_METRICS = ("rouge_l_recall", "probability", "truth_ratio", "exact_match")
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether ``name`` reads as ``owner/name`` on the Hub and is not a local folder."""
+    return bool(name) and bool(_HUB_ID.match(name)) and not os.path.exists(name)
 
 
 def _number(value: Any) -> float | None:
@@ -118,8 +127,6 @@ def _result(dataset_name: str, split: str, metric_type: str, metric_name: str, v
     """One ``huggingface_hub.EvalResult`` of an unlearning run (the dataset type is its Hub id, else ``local``)."""
     from huggingface_hub import EvalResult
 
-    from .model_card import is_hub_id
-
     hub_id = dataset_name.split(" / ")[0]
     return EvalResult(
         task_type="text-generation",
@@ -151,4 +158,11 @@ def eval_results(record: UnlearnRecord) -> list[Any]:
     return results
 
 
-__all__ = ["INDEXED_METRICS", "UNLEARNING_SCHEMA", "eval_results", "membership_rows", "unlearning_block"]
+__all__ = [
+    "INDEXED_METRICS",
+    "UNLEARNING_SCHEMA",
+    "eval_results",
+    "is_hub_id",
+    "membership_rows",
+    "unlearning_block",
+]

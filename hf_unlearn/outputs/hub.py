@@ -139,7 +139,7 @@ def check_adapter_base(model_dir: str, merge_adapter: bool = False, base_model_i
     ``adapter_config.json``'s ``base_model_name_or_path``), unless it is merged or ``base_model_id`` is given; and a
     ``base_model_id`` that is not an ``ORG/NAME`` Hub id, or that has no adapter to go with."""
     from ..training.base_model import names_local_path
-    from .model_card import is_hub_id
+    from .card_metadata import is_hub_id
 
     config_path = os.path.join(model_dir, ADAPTER_CONFIG)
     if base_model_id is not None:

@@ -10,28 +10,20 @@ rather than filled with a placeholder. For a PEFT adapter the trainer lets PEFT 
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
 from ..training.record import UnlearnRecord
-from .card_metadata import eval_results, unlearning_block
+from .card_metadata import eval_results, is_hub_id, unlearning_block
 from .report import MEMORIZATION_METRICS, METRICS, format_value, lm_eval_section, membership_section
 
 TEMPLATE_PATH = Path(__file__).parent / "templates" / "model_card.md"
 
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
 
 def _fmt(value: Any) -> str:
     return format_value(value, ".4g")
-
-
-def is_hub_id(name: str | None) -> bool:
-    """Whether ``name`` reads as ``owner/name`` on the Hub and is not a local folder."""
-    return bool(name) and bool(_HUB_ID.match(name)) and not os.path.exists(name)
 
 
 def _dataset_phrase(dataset: dict | None, fallback: str) -> str | None:
