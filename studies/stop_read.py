@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from hf_unlearn.benchmarks import load_split
 from hf_unlearn.evaluation.bundle import qa_membership_reads
+from hf_unlearn.objectives.masc import last_exact_read
 
 
 def run_demo(out: str, seed: int, cache_dir: str | None, pythonpath: str | None) -> None:
@@ -36,12 +37,6 @@ def run_demo(out: str, seed: int, cache_dir: str | None, pythonpath: str | None)
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
 
 
-def stop_read(history: list[dict]) -> dict:
-    """The probe the stop acted on last: the last exact read (or, before the exact read existed, the last probe)."""
-    exact = [h for h in history if h.get("stop_read_exact", 1.0) == 1.0 and "calibration_min_k_auc" in h]
-    return exact[-1] if exact else history[-1]
-
-
 def measure(out: str) -> dict:
     with open(os.path.join(out, "unlearn_record.json")) as f:
         record = json.load(f)
@@ -50,7 +45,7 @@ def measure(out: str) -> dict:
     forget = [dict(r) for r in load_split("forget10")]
     calibration = [dict(r) for r in load_split("calibration")]
     fresh = qa_membership_reads(model, tokenizer, forget, calibration, attacks=("min_k",))
-    read = stop_read(record["probe_history"])
+    read = last_exact_read(record["probe_history"])  # before the exact read: the last probe, which decided
     return {
         "stop_step": record.get("stop_step"),
         "stop_kind": record.get("stop_kind"),

@@ -45,8 +45,7 @@ def own_folder_defaults(argv: list[str], defaults: dict[str, Any]) -> dict[str, 
     """``defaults`` with ``overwrite_output_dir=True`` when the command writes to its own default folder (the demo is
     meant to be run again there); a folder the user named is refused while it holds a run, as ``run`` refuses it,
     unless ``--overwrite_output_dir`` says otherwise."""
-    expanded = yaml_to_argv(argv[0]) + argv[1:] if argv and argv[0].endswith((".yaml", ".yml")) else argv
-    named = any(arg.partition("=")[0] == "--output_dir" for arg in expanded)
+    named = any(arg.partition("=")[0] == "--output_dir" for arg in expanded_argv(argv))
     return defaults if named else {**defaults, "overwrite_output_dir": True}
 
 
@@ -92,6 +91,14 @@ def yaml_to_argv(path: str) -> list[str]:
     return argv
 
 
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def expanded_argv(argv: list[str]) -> list[str]:
+    """``argv`` with a leading YAML config file (``hf-unlearn run config.yaml --flag ...``) read into flags."""
+    return yaml_to_argv(argv[0]) + argv[1:] if argv and argv[0].endswith(YAML_SUFFIXES) else argv
+
+
 def named_value(argv: list[str], flag: str) -> str | None:
     """The value ``argv`` gives ``flag`` (``--flag value`` or ``--flag=value``), else None."""
     for position, arg in enumerate(argv):
@@ -135,9 +142,9 @@ def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
     if defaults:
         parser.set_defaults(**defaults)
     source = "command line"
-    if argv and argv[0].endswith((".yaml", ".yml")):
+    if argv and argv[0].endswith(YAML_SUFFIXES):
         source = argv[0]
-        argv = yaml_to_argv(argv[0]) + argv[1:]
+    argv = expanded_argv(argv)
     if "-h" in argv or "--help" in argv:
         hide_unread_options(parser, argv)
         raise HelpRequested(parser)
@@ -185,8 +192,7 @@ def sequence_main(argv: list[str]) -> Any:
     from ..training.config import UnlearnConfig
     from .arguments import SequenceArguments
 
-    expanded = yaml_to_argv(argv[0]) + argv[1:] if argv and argv[0].endswith((".yaml", ".yml")) else argv
-    embedded = not any(arg.partition("=")[0] in ("--model_name_or_path", "--model") for arg in expanded)
+    embedded = not any(arg.partition("=")[0] == "--model_name_or_path" for arg in expanded_argv(argv))
     # The demo's learning rate suits the embedded tiny model only; a model of the user's keeps UnlearnConfig's.
     # One request is one author (10 examples, 3 steps an epoch), so the demo's 80 epochs would be a budget of 160-240
     # steps, which a freshly learned demo target's first request used up at calibration gap 0.633 (slack 0.5): a

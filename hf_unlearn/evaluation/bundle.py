@@ -10,8 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.prompts import prompt_and_completion
-from ..scores import membership_auc_interval
-from .membership import ATTACKS, attack_reads, membership_auc, membership_scores
+from .membership import ATTACKS, attack_reads, membership_reads, membership_scores
 from .metrics import (
     evaluate_qa,
     forget_quality,
@@ -82,16 +81,11 @@ def qa_membership_reads(
     reference_model: Any = None,
 ) -> dict[str, Any]:
     """:func:`qa_membership_aucs` with what they were read from: ``auc``, its 95 % interval per attack
-    (``auc_interval``, :func:`~hf_unlearn.scores.membership_auc_interval`) and every answer's score (``scores``:
-    ``{"forget": {attack: [...]}, "holdout": {...}}``, members first), so that another model read on the same
-    answers can be compared pairwise (:func:`~hf_unlearn.scores.paired_auc_difference`)."""
+    (``auc_interval``) and every answer's score (``scores``): the
+    :func:`~hf_unlearn.evaluation.membership.membership_reads` of both sets' scores."""
     read = _records_scores(model, tokenizer, members, prompt_template, attacks, member_scores, reference_model)
     others = _qa_scores(model, tokenizer, non_members, prompt_template, attacks, reference_model)
-    return {
-        "auc": {attack: membership_auc(read[attack], others[attack]) for attack in read},
-        "auc_interval": {attack: list(membership_auc_interval(read[attack], others[attack])) for attack in read},
-        "scores": {"forget": {a: list(v) for a, v in read.items()}, "holdout": {a: list(others[a]) for a in read}},
-    }
+    return membership_reads(read, others)
 
 
 def attack_scores(

@@ -38,7 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..scores import membership_auc, min_k_count, min_k_per_example
+from ..scores import (
+    membership_auc,
+    membership_auc_interval,
+    min_k_count,
+    min_k_per_example,
+    paired_auc_difference,
+)
 from .passes import batches, model_device, pad_token_id_of, progress_bar
 
 if TYPE_CHECKING:
@@ -324,6 +330,60 @@ def attack_scores(
 MEMBERSHIP_TOLERANCE = 0.1
 
 
+def membership_reads(
+    member_scores: Mapping[str, Sequence[float]], other_scores: Mapping[str, Sequence[float]]
+) -> dict[str, Any]:
+    """Each attack's AUC telling the members' scores from the others' (:func:`membership_auc`), its 95 % interval
+    (``auc_interval``) and the scores it was read from (``scores``: ``{"forget": {attack: [...]}, "holdout": {...}}``),
+    so that another model read on the same answers can be compared pairwise (:func:`paired_off_interval`)."""
+    return {
+        "auc": {attack: membership_auc(member_scores[attack], other_scores[attack]) for attack in member_scores},
+        "auc_interval": {
+            attack: list(membership_auc_interval(member_scores[attack], other_scores[attack]))
+            for attack in member_scores
+        },
+        "scores": {
+            "forget": {attack: list(values) for attack, values in member_scores.items()},
+            "holdout": {attack: list(other_scores[attack]) for attack in member_scores},
+        },
+    }
+
+
+def paired_off_interval(
+    scores: Mapping[str, Mapping[str, Sequence[float]]] | None,
+    reference_scores: Mapping[str, Mapping[str, Sequence[float]]] | None,
+    attack: str,
+) -> list[float] | None:
+    """The 95 % interval of one model's AUC minus a reference model's for ``attack``, both read on the same answers
+    (each a :func:`membership_reads` ``scores``; :func:`~hf_unlearn.scores.paired_auc_difference`); None where either
+    lacks the attack's scores or they are not of the same answers."""
+    if not scores or not reference_scores:
+        return None
+    sides = [
+        ((scores.get(s) or {}).get(attack), (reference_scores.get(s) or {}).get(attack)) for s in ("forget", "holdout")
+    ]
+    if any(ours is None or theirs is None or len(ours) != len(theirs) for ours, theirs in sides):
+        return None
+    _, low, high = paired_auc_difference(sides[0][0], sides[1][0], sides[0][1], sides[1][1])
+    return [low, high]
+
+
+#: The verdict of an attack whose interval cannot tell landing from luck.
+TOO_FEW = "too few answers to judge"
+
+
+def judge_difference(off: float, interval: Sequence[float] | None, tolerance: float) -> str:
+    """``"lands"``, ``"tells"`` or :data:`TOO_FEW` for an AUC ``off`` the level it is judged against, with the 95 %
+    ``interval`` of that difference where known: wholly past ±``tolerance`` on one side it tells, however wide;
+    otherwise wider than ±``tolerance`` (or NaN) it is too few to judge; else the point decides (a NaN tells)."""
+    if interval is not None:
+        low, high = interval
+        beyond = low > tolerance or high < -tolerance
+        if not beyond and not (high - low) / 2 <= tolerance:
+            return TOO_FEW
+    return "tells" if math.isnan(off) or abs(off) > tolerance else "lands"
+
+
 def membership_verdict(
     auc: Mapping[str, float],
     reference_auc: Mapping[str, float | None] | None = None,
@@ -355,15 +415,16 @@ def membership_verdict(
         off = float(value) - level
         interval = (off_intervals or {}).get(attack)
         interval = None if interval is None else [float(interval[0]), float(interval[1])]
-        # wholly past the tolerance on one side, an interval tells however wide it is; else wider than ±tolerance
-        # (or NaN) it cannot tell landing from luck
-        beyond = interval is not None and (interval[0] > tolerance or interval[1] < -tolerance)
-        too_wide = interval is not None and not beyond and not (interval[1] - interval[0]) / 2 <= tolerance
-        distinguishes = not too_wide and (math.isnan(off) or abs(off) > tolerance)
+        verdict = judge_difference(off, interval, tolerance)
+        distinguishes = verdict == "tells"
         side = None
         if distinguishes and not math.isnan(off):
             side = "member" if off < 0 else "less familiar"
-        certain = beyond or (interval is not None and -tolerance <= interval[0] <= interval[1] <= tolerance)
+        certain = interval is not None and (
+            interval[0] > tolerance
+            or interval[1] < -tolerance
+            or -tolerance <= interval[0] <= interval[1] <= tolerance
+        )
         given = (auc_intervals or {}).get(attack)
         per_attack[attack] = {
             "auc": float(value),
@@ -372,13 +433,13 @@ def membership_verdict(
             "level_from": "never_trained" if from_never else "chance",
             "off": off,
             "off_interval": interval,
-            "verdict": "too few answers to judge" if too_wide else ("tells" if distinguishes else "lands"),
+            "verdict": verdict,
             "certain": certain,
             "side": side,
             "distinguishes": distinguishes,
         }
     which = [attack for attack, row in per_attack.items() if row["distinguishes"]]
-    too_few = [attack for attack, row in per_attack.items() if row["verdict"] == "too few answers to judge"]
+    too_few = [attack for attack, row in per_attack.items() if row["verdict"] == TOO_FEW]
     return {
         "attacks": len(per_attack),
         "distinguishing": len(which),
@@ -439,16 +500,20 @@ __all__ = [
     "ATTACK_READS",
     "FORWARD_ATTACKS",
     "MEMBERSHIP_TOLERANCE",
+    "TOO_FEW",
     "attack_reads",
     "attack_scores",
     "gradient_norms",
+    "judge_difference",
     "membership_auc",
+    "membership_reads",
     "membership_scores",
     "membership_verdict",
     "membership_verdict_line",
     "min_k_count",
     "min_k_percent",
     "min_k_plus_plus",
+    "paired_off_interval",
     "privleak",
     "statistics_from_scores",
     "token_statistics",

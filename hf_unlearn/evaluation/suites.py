@@ -15,8 +15,15 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
-from ..scores import membership_auc_interval, paired_auc_difference
-from .membership import ATTACKS, attack_reads, membership_auc, membership_scores, membership_verdict, privleak
+from .membership import (
+    ATTACKS,
+    attack_reads,
+    membership_reads,
+    membership_scores,
+    membership_verdict,
+    paired_off_interval,
+    privleak,
+)
 from .metrics import evaluate_qa, forget_quality, forget_truth_ratio, model_utility, retain_truth_ratio
 from .options import real_knowledge_options, truth_ratios
 from .passes import AnswerScores, qa_records
@@ -127,19 +134,9 @@ def membership_off_intervals(
     intervals = {}
     for attack, (low, high) in measured["auc_interval"].items():
         level = (retrained_auc or {}).get(attack)
-        theirs = {side: (retrained_scores or {}).get(side, {}).get(attack) for side in ("forget", "holdout")}
-        ours = {side: measured["scores"][side][attack] for side in ("forget", "holdout")}
-        paired = level is not None and all(
-            theirs[side] is not None and len(theirs[side]) == len(ours[side]) for side in theirs
-        )
-        if paired:
-            _, low_off, high_off = paired_auc_difference(
-                ours["forget"], ours["holdout"], theirs["forget"], theirs["holdout"]
-            )
-            intervals[attack] = [low_off, high_off]
-        else:
-            reference = 0.5 if level is None else level
-            intervals[attack] = [low - reference, high - reference]
+        paired = paired_off_interval(measured["scores"], retrained_scores, attack) if level is not None else None
+        reference = 0.5 if level is None else level
+        intervals[attack] = paired if paired is not None else [low - reference, high - reference]
     return intervals
 
 
@@ -214,11 +211,7 @@ def evaluate_muse(
             )
             for name in ("privleak_forget", "privleak_holdout")
         )
-        result["auc"] = {attack: membership_auc(members[attack], others[attack]) for attack in members}
-        result["auc_interval"] = {
-            attack: list(membership_auc_interval(members[attack], others[attack])) for attack in members
-        }
-        result["scores"] = {"forget": members, "holdout": others}
+        result.update(membership_reads(members, others))
         # Which attacks still tell the forget set from never-seen data (each against the retrained model's AUC, or
         # 0.5 without one), read with the interval of the difference: the forget set counts as forgotten only when
         # every attack could be judged and none tells (issue 54, 66).

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from ..evaluation.fluency import fluency_levels, fluency_misses
-from ..scores import paired_auc_difference
+from ..evaluation.membership import TOO_FEW, judge_difference, paired_off_interval
 
 #: The real-knowledge values that each get their own floor (TOFU's real-authors and world-facts sets).
 REAL_KNOWLEDGE_VALUES = ("rouge_l_recall", "probability", "truth_ratio")
@@ -85,20 +85,6 @@ def _below(value: float | None, floor: float) -> float | None:
     return value - floor if value < floor else None
 
 
-def paired_off_interval(forget: dict, never_forget: dict, attack: str) -> list[float] | None:
-    """The 95 % interval of a run's AUC minus the never-trained model's for ``attack``, both read on the same answers
-    (their ``membership_scores``, :func:`~hf_unlearn.scores.paired_auc_difference`); None where either was measured
-    without its scores."""
-    ours, theirs = forget.get("membership_scores"), never_forget.get("membership_scores")
-    if not ours or not theirs:
-        return None
-    sides = [(ours[side].get(attack), theirs[side].get(attack)) for side in ("forget", "holdout")]
-    if any(a is None or b is None or len(a) != len(b) for a, b in sides):
-        return None
-    _, low, high = paired_auc_difference(sides[0][0], sides[1][0], sides[0][1], sides[1][1])
-    return [low, high]
-
-
 def _membership_misses(forget: dict, region: dict) -> dict[str, float]:
     """Each attack the region cannot count as landed: its AUC further than the tolerance from the never-trained
     model's (+: less familiar than never-seen data, -: still a member; NaN where either AUC is NaN or missing), or,
@@ -115,9 +101,8 @@ def _membership_misses(forget: dict, region: dict) -> dict[str, float]:
         if value is None or reference is None or math.isnan(value) or math.isnan(reference):
             misses[key] = float("nan")  # not measured: nothing says the attack cannot tell the sets apart
             continue
-        interval = paired_off_interval(forget, never_forget, attack)
-        beyond = interval is not None and (interval[0] > tolerance or interval[1] < -tolerance)
-        if interval is not None and not beyond and not (interval[1] - interval[0]) / 2 <= tolerance:
+        interval = paired_off_interval(forget.get("membership_scores"), never_forget.get("membership_scores"), attack)
+        if judge_difference(value - reference, interval, tolerance) == TOO_FEW:
             misses[f"{key}_interval"] = (interval[1] - interval[0]) / 2
             continue
         off = abs(value - reference) - tolerance
@@ -180,7 +165,6 @@ __all__ = [
     "build_region",
     "in_region",
     "membership_aucs",
-    "paired_off_interval",
     "real_knowledge_values",
     "region_misses",
 ]

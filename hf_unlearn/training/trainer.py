@@ -302,9 +302,8 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
         if self.probes.running and tracked and part == "forget":
             # after the loss, so that the restricted margin MASC's loss computed serves the running read too
             self.probes.accumulate(
-                loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits, loss_inputs.input_ids,
-                loss_inputs.attention_mask, margins=loss_inputs.margins,
-            )  # fmt: skip
+                loss_inputs.logits, loss_inputs.labels, loss_inputs.reference_logits, margins=loss_inputs.margins
+            )
         if self.probes.running and tracked and part == "retain":
             self.probes.accumulate_retain(loss_inputs.logits, loss_inputs.labels)
         return loss

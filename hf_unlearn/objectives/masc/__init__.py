@@ -35,6 +35,7 @@ from .margin import (
 )
 from .options import MascArguments, resolved_for_data, resolved_for_run
 from .probe import ProbeSets, ProbeState
+from .stop_read import last_exact_read
 from .stopping import ViolationStoppingCallback, hoeffding_upper_bound
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "calibration_gap",
     "exact_reproduction_bound",
     "hoeffding_upper_bound",
+    "last_exact_read",
     "masc_beyond_paper",
     "masc_hinge",
     "masc_loss",

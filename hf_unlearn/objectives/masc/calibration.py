@@ -163,10 +163,6 @@ class NeverSeenReference(NamedTuple):
     violation_rate: float
     probability: float
 
-    def to(self, device: Any) -> NeverSeenReference:
-        levels = None if self.levels is None else self.levels.to(device)
-        return self._replace(margins=self.margins.to(device), levels=levels)
-
     def gap(self, forget: Any) -> float:
         """:func:`calibration_gap` of one probe set's forget ``margins`` and ``tokens`` against this reference."""
         levels = None if self.levels is None else self.levels.to("cpu")

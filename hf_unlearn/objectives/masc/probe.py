@@ -160,7 +160,7 @@ class ProbeState(KeptStates, ProbeCheckpointing):
         self.running_tokens: list[torch.Tensor] = []  # and their token ids
         # The Min-K% stop's running read takes the forget answers trained on: their scores since the last probe, and
         # the last probe_size of them (across probes), the window it reads between exact reads (.stop_read).
-        self.reads_membership = calibrated and args.stop_target == "membership"
+        self.reads_membership = args.stop_target == "membership"
         self.min_k_leaves_out = min_k_leaves_out  # the appended EOS, which the evaluation's attack does not score
         self.running_min_k: list[torch.Tensor] = []
         self.recent_min_k = torch.zeros(0, dtype=torch.float64)
@@ -186,8 +186,6 @@ class ProbeState(KeptStates, ProbeCheckpointing):
         logits: torch.Tensor,
         labels: torch.Tensor,
         reference_logits: torch.Tensor | None,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
         margins: MarginResult | None = None,
     ) -> None:
         """Per-example statistics of a forget batch from its own logits, summed on the device until the next probe:
@@ -195,7 +193,8 @@ class ProbeState(KeptStates, ProbeCheckpointing):
         are what a probe would measure on these examples in eval mode (no dropout: checked at construction), at the
         weights of the step that trained on them. The retain batches only screen the utility floor
         (:meth:`accumulate_retain`): it needs the current weights and more than one batch to decide (the running retain
-        probability lags an update behind and swings far more than a fixed sample: docs/stopping.md)."""
+        probability lags an update behind and swings far more than a fixed sample: docs/stopping.md). ``margins``:
+        the batch's restricted margin where the loss computed it (MASC's), else computed here."""
         logits = logits.detach()
         log_probs, mask = token_log_probs(logits, labels)  # one log-softmax for the probability and Min-K%
         probabilities, scored = probabilities_of(log_probs, mask)

@@ -54,8 +54,7 @@ class ProbeCheckpointing:
             exported["calibration_level_spread_offsets"] = [float(t) for t in levels.spread_offsets.cpu().tolist()]
         exported["stop_read"] = self.stop_read.export()
         exported["probe_state"] = [
-            0.0,  # unused (kept so that the two numbers keep their places)
-            float("nan") if self.start_retain_probability is None else self.start_retain_probability,
+            float("nan") if self.start_retain_probability is None else self.start_retain_probability
         ]
         return exported
 
@@ -95,7 +94,7 @@ class ProbeCheckpointing:
         self.stop_read = StopReadState.restored(saved.pop("stop_read", None))
         probe_state = saved.pop("probe_state", None)
         if probe_state is not None:
-            self.start_retain_probability = None if math.isnan(probe_state[1]) else probe_state[1]
+            self.start_retain_probability = None if math.isnan(probe_state[0]) else probe_state[0]
         if not sums:
             self.running_margins, self.running_tokens, self.running_sums = [], [], {}
             self.running_min_k = []

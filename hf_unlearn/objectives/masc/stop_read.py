@@ -58,8 +58,8 @@ def auc_with_interval(read: Mapping[str, Any]) -> str:
 
 
 def stop_statistic(target: str, forget: Mapping[str, Any], reference: NeverSeenReference) -> float | None:
-    """The statistic ``target`` acts on, of one probe set's forget measurement (``margins``, ``tokens``, ``copied``,
-    ``min_k``) against ``reference``; ``None`` when the forget side brings nothing to read."""
+    """The statistic ``target`` acts on, of one probe set's forget measurement (``margins``, ``tokens``, ``min_k``)
+    against ``reference``; ``None`` when the forget side brings nothing to read."""
     if target == "membership":
         scores = forget.get("min_k")
         return None if scores is None or not bool((~scores.isnan()).any()) else min_k_auc(scores, reference.min_k)
