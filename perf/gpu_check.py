@@ -101,7 +101,7 @@ def child(setting: int, size: str, device: str, steps: int) -> dict:
         per_device_train_batch_size=batch,
         max_steps=WARMUP + steps,
         probe_interval=0,
-        stop_on_violation=False,
+        stop_at_target=False,
         learning_rate=1e-5,
         bf16=cuda,
         use_cpu=not cuda,

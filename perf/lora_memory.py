@@ -72,7 +72,7 @@ def child(kind: str, lora: bool, steps: int) -> None:
                 data_collator=DataCollatorForSeq2Seq(tokenizer),
             )
         else:
-            args = UnlearnConfig(output_dir, method="masc", probe_interval=0, stop_on_violation=False, **common)
+            args = UnlearnConfig(output_dir, method="masc", probe_interval=0, stop_at_target=False, **common)
             trainer = UnlearnTrainer(
                 model, args, forget, retain, processing_class=tokenizer, peft_config=lora_config if lora else None
             )

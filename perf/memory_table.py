@@ -98,7 +98,7 @@ def child(setting: int, steps: int) -> None:
         max_steps=steps,
         per_device_train_batch_size=4,
         probe_interval=1,
-        stop_on_violation=False,
+        stop_at_target=False,
         learning_rate=1e-5,
         report_to="none",
         save_strategy="no",

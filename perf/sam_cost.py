@@ -29,7 +29,7 @@ def seconds_per_step(method: str, rho: float, steps: int) -> float:
     retain = build_qa_dataset(load_split("retain90"), tokenizer)
     with tempfile.TemporaryDirectory() as out:
         args = UnlearnConfig(
-            output_dir=out, method=method, sam_rho=rho, max_steps=steps, probe_interval=0, stop_on_violation=False,
+            output_dir=out, method=method, sam_rho=rho, max_steps=steps, probe_interval=0, stop_at_target=False,
             use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, logging_strategy="no",
         )  # fmt: skip
         trainer = UnlearnTrainer(model=model, args=args, train_dataset=forget, retain_dataset=retain,

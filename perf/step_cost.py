@@ -208,7 +208,7 @@ def masc_steps(
     args = UnlearnConfig(
         output_dir="/tmp/step_cost", overwrite_output_dir=True, method="masc", per_device_train_batch_size=ROWS,
         max_steps=steps + warmup, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
-        seed=0, stop_on_violation=False,  # the probes run as by default; the stop would end the timed steps early
+        seed=0, stop_at_target=False,  # the probes run as by default; the stop would end the timed steps early
     )  # fmt: skip
     clock = StepClock()
     trainer = UnlearnTrainer(

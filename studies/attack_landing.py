@@ -138,7 +138,7 @@ def main() -> None:
             disable_tqdm=True, **overrides,
         )  # fmt: skip
         if cli.no_stop:
-            options.update(stop_on_violation=False)
+            options.update(stop_at_target=False)
         trainer = UnlearnTrainer(
             model=model, args=UnlearnConfig(**options), train_dataset=forget, retain_dataset=retain,
             processing_class=tokenizer, calibration_dataset=calibration, callbacks=callbacks,

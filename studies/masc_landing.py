@@ -8,7 +8,7 @@ kinds fill Min-K%'s lowest 40%. The run is then measured like ``hf-unlearn compa
         --output_dir study32/defaults-s0 [--author_offset 5] [--masc_overrides key=value ...]
         [--lora_target_modules all-linear]
 
-``--masc_overrides stop_on_violation=false max_steps=800 --track_stop_statistics`` runs without the stop and keeps,
+``--masc_overrides stop_at_target=false max_steps=800 --track_stop_statistics`` runs without the stop and keeps,
 every ``--auc_every`` steps, what a stop could read and the adapter (``trajectory/step-N``; ``studies/stop_replay.py``
 at f1ebda8 reads them again).
 

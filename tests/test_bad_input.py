@@ -55,9 +55,7 @@ def test_method_with_retain_term_needs_retain_data(tmp_path, method):
 
 
 def test_method_without_retain_term_runs_without_retain_data(tmp_path):
-    trainer = build(
-        tmp_path, retain=None, method="masc", retain_loss="none", probe_interval=0, stop_on_violation=False
-    )
+    trainer = build(tmp_path, retain=None, method="masc", retain_loss="none", probe_interval=0, stop_at_target=False)
     trainer.train()
     assert trainer.state.global_step == 3
 
@@ -74,6 +72,10 @@ def test_unknown_method_and_probe():
         UnlearnConfig(output_dir="x", stop_probe="sometimes")
     with pytest.raises(ValueError, match="reference_cache_gb must be >= 0"):
         UnlearnConfig(output_dir="x", reference_cache_gb=-1)
+    with pytest.raises(ValueError, match=r"violation_bound_delta .* must be in \(0, 1\), got 5"):
+        UnlearnConfig(output_dir="x", violation_bound_delta=5)
+    with pytest.raises(ValueError, match="stop_target='membership' does not read it"):
+        UnlearnConfig(output_dir="x", violation_bound_delta=0.05, stop_target="membership")
 
 
 def test_model_without_trainable_parameters(tmp_path):
@@ -87,7 +89,7 @@ def test_nan_loss_stops_before_the_update_and_names_the_step(tmp_path):
     with torch.no_grad():
         model.model.embed_tokens.weight[FORGET[0]["input_ids"][0]] = float("nan")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainer = build(tmp_path, model=model, probe_interval=0, stop_on_violation=False, dataloader_drop_last=False)
+    trainer = build(tmp_path, model=model, probe_interval=0, stop_at_target=False, dataloader_drop_last=False)
     with pytest.raises(FloatingPointError, match=r"forget loss \(masc\) is nan at step 1"):
         trainer.train()
     for name, p in trainer.model.named_parameters():
@@ -126,7 +128,7 @@ def test_forget_set_too_small_for_the_held_out_probe(tmp_path):
 
 
 def test_checkpoints_are_safetensors(tmp_path):
-    trainer = build(tmp_path, save_strategy="steps", save_steps=3, probe_interval=0, stop_on_violation=False)
+    trainer = build(tmp_path, save_strategy="steps", save_steps=3, probe_interval=0, stop_at_target=False)
     trainer.train()
     files = {p.name for p in (tmp_path / "checkpoint-3").iterdir()}
     assert "model.safetensors" in files and "pytorch_model.bin" not in files
@@ -147,9 +149,7 @@ class _DivergeAfter(TrainerCallback):
 def test_divergence_mid_run_names_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
-    trainer = build(
-        tmp_path, max_steps=8, save_strategy="steps", save_steps=3, probe_interval=0, stop_on_violation=False
-    )
+    trainer = build(tmp_path, max_steps=8, save_strategy="steps", save_steps=3, probe_interval=0, stop_at_target=False)
     trainer.add_callback(_DivergeAfter(4))
     with pytest.raises(FloatingPointError, match=r"is nan at step 5"):
         trainer.train()
@@ -157,7 +157,7 @@ def test_divergence_mid_run_names_the_step_and_keeps_the_last_good_checkpoint(tm
     assert checkpoints == ["checkpoint-3"]  # nothing written after the divergence
     weights = load_file(tmp_path / "checkpoint-3" / "model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
-    resumed = build(tmp_path, max_steps=6, save_strategy="no", probe_interval=0, stop_on_violation=False)
+    resumed = build(tmp_path, max_steps=6, save_strategy="no", probe_interval=0, stop_at_target=False)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     assert resumed.state.global_step == 6
     assert all(torch.isfinite(p).all() for p in resumed.model.parameters())

@@ -36,7 +36,7 @@ def test_does_not_stop_above_alpha_or_when_only_measuring():
 def test_hoeffding_waits_for_the_upper_bound():
     rates = [0.3, 0.2, 0.1, 0.05, 0.0]
     plain = drive(ViolationStoppingCallback(alpha=0.3, probe_interval=1), rates, steps=5, num_examples=100)
-    careful = ViolationStoppingCallback(alpha=0.3, probe_interval=1, hoeffding=True, hoeffding_delta=0.05)
+    careful = ViolationStoppingCallback(alpha=0.3, probe_interval=1, violation_bound_delta=0.05)
     stopped = drive(careful, rates, steps=5, num_examples=100)
     assert plain == 1
     first_safe = next(j for j, r in enumerate(rates) if hoeffding_upper_bound(r, 100, j, 0.05) <= 0.3)

@@ -223,6 +223,33 @@ def test_sequence_refuses_requests_without_a_model(tmp_path, capsys):
     assert "--requests first.json" in capsys.readouterr().err
 
 
+def test_the_demo_size_reaches_every_set_the_demo_and_its_checks_read(tmp_path, capsys):
+    """Issue 66 part 3: `demo --size judge` reads 250 answers a side, and `eval`/`audit`/`relearn-check` of its run
+    read the same size from its record; an unknown size is refused before any work."""
+    from types import SimpleNamespace
+
+    from hf_unlearn.evaluation.suites import embedded_evaluation_sets
+    from hf_unlearn.jobs.checks import check_data, recorded_size
+    from hf_unlearn.training.record import UnlearnRecord
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--size", "huge", "--output_dir", str(out)]) == 1
+    assert "Unknown benchmark size 'huge'; choose one of quick, judge" in capsys.readouterr().err
+    assert not out.exists()
+    demo = {"benchmark": "fictitious_authors"}
+    record = UnlearnRecord("masc", "masc", "none", extra={**demo, "benchmark_size": "judge"})
+    sets = embedded_evaluation_sets("forget10", **recorded_size(record))
+    assert (len(sets["privleak_forget"]), len(sets["privleak_holdout"]), len(sets["retain"])) == (250, 250, 2250)
+    cli = SimpleNamespace(
+        benchmark=None, split="forget10", forget_data=None, retain_data=None, holdout_data=None, retain_split=None,
+        model_name_or_path=str(tmp_path), prompt_template=None,
+    )  # fmt: skip
+    forget, retain, _ = check_data(cli, record, "audit")
+    assert (len(forget), len(retain)) == (250, 2250)
+    quick = UnlearnRecord("masc", "masc", "none", extra=demo)  # a run from before the option: the quick size
+    assert len(check_data(cli, quick, "audit")[0]) == 20
+
+
 @pytest.mark.parametrize("command", ["demo", "sequence"])
 def test_demo_and_sequence_refuse_a_named_folder_that_holds_a_run(tmp_path, capsys, monkeypatch, command):
     """Issue 67: `demo` and `sequence` overwrite only their own default folder; a folder the user named that holds a

@@ -234,9 +234,9 @@ def test_table_of_baselines_alone_leaves_the_masc_columns_empty():
 def test_masc_overrides_are_typed_by_the_config_fields_and_checked_before_any_work(tmp_path, capsys):
     from hf_unlearn.jobs.compare import parse_overrides
 
-    items = ["retain_weight=3", "stop_probe=holdout", "hoeffding=true", "utility_floor=none"]
+    items = ["retain_weight=3", "stop_probe=holdout", "restore_on_failure=false", "utility_floor=none"]
     parsed = parse_overrides(items)
-    expected = {"retain_weight": 3.0, "stop_probe": "holdout", "hoeffding": True, "utility_floor": None}
+    expected = {"retain_weight": 3.0, "stop_probe": "holdout", "restore_on_failure": False, "utility_floor": None}
     assert parsed == expected
     assert isinstance(parsed["retain_weight"], float)
     assert parse_overrides(["probe_interval=2"]) == {"probe_interval": 2} and parse_overrides(None) == {}

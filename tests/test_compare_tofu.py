@@ -2,6 +2,7 @@
 whole comparison (a tiny model learned from scratch instead of SmolLM2, a few questions, a few steps)."""
 
 import json
+import math
 import os
 
 import pytest
@@ -78,7 +79,10 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
     never_knowledge = region["never_trained"]["real_knowledge"]["mean"]
     assert region["real_knowledge_mean_min"] == pytest.approx(0.95 * min(knowledge["mean"], never_knowledge))
     # the never-trained model is judged against its own region, and the verdict is kept
-    assert region["never_trained_misses"] == region_misses(region["never_trained"], region)
+    # (compared as JSON: one holdout author is one draw, so every membership interval is NaN, and NaN != NaN)
+    kept, again = region["never_trained_misses"], region_misses(region["never_trained"], region)
+    assert json.dumps(kept, sort_keys=True) == json.dumps(again, sort_keys=True)
+    assert math.isnan(kept["membership_auc_interval"])
     assert region["membership_auc_reference"] == region["never_trained"]["forget"]["membership_auc"]
     reference = region["calibration_reference"]  # the stop's never-seen authors, read by the never-trained model
     assert set(reference) == {"forget_vs_calibration_auc", "calibration_vs_holdout_auc"}

@@ -153,11 +153,16 @@ def test_eval_command_on_the_embedded_benchmark(tmp_path):
     # MUSE's orientation: the target still recognises its forget answers (AUC near 0, PrivLeak strongly negative).
     assert muse["auc"]["min_k"] < 0.35 and muse["privleak"]["min_k"] < -20
     assert "Forget quality" in (tmp_path / "eval.md").read_text() and "PrivLeak" in (tmp_path / "eval.md").read_text()
-    # every attack judged against the retain-only model's AUC (issue 54): the target is told apart by each of them
+    # every attack judged against the retain-only model's AUC (issue 54), with intervals that resample the 4 authors a
+    # side (issue 66): an attack tells where it is judged and more than 0.1 off; the target is told apart by some
     verdict = muse["membership"]
     assert verdict["attacks"] == len(muse["auc"]) >= 5 and set(verdict["which"]) == {
-        attack for attack, auc in muse["auc"].items() if abs(auc - verdict["per_attack"][attack]["level"]) > 0.1
+        attack
+        for attack, auc in muse["auc"].items()
+        if abs(auc - verdict["per_attack"][attack]["level"]) > 0.1 and attack not in verdict["too_few"]
     }
+    assert verdict["which"]
+    assert set(result["muse"]["scores"]["groups"]["forget"]) == set(load_split("forget10")["author"])
     assert verdict["per_attack"]["min_k"]["level_from"] == "never_trained" and not verdict["landed"]
     assert f"{verdict['distinguishing']} of {verdict['attacks']} attacks" in (tmp_path / "eval.md").read_text()
     assert (tmp_path / "radar.png").stat().st_size > 10_000 and (tmp_path / "truth_ratios.png").is_file()
@@ -172,7 +177,7 @@ def test_trainer_evaluate_runs_the_same_evaluation_during_training(tmp_path):
     retain = build_qa_dataset(retain_records, tokenizer)
     args = UnlearnConfig(
         output_dir=str(tmp_path), report_to="none", use_cpu=True, max_steps=4, eval_strategy="steps", eval_steps=2,
-        probe_interval=0, stop_on_violation=False, save_strategy="no",
+        probe_interval=0, stop_at_target=False, save_strategy="no",
     )  # fmt: skip
     trainer = UnlearnTrainer(model, args, forget, retain, processing_class=tokenizer)
     trainer.train()

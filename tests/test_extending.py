@@ -106,13 +106,13 @@ def test_a_forget_loss_without_a_method_gets_no_retain_term_and_no_stop_and_says
     logger = logging.get_logger("hf_unlearn.training.choices")
     with CaptureLogger(logger) as captured:
         args = config(tmp_path, forget_loss="masc")
-    assert (args.method, args.objectives, args.stop_on_violation) == ("custom", ("masc", "none"), False)
-    assert "method='custom'" in captured.out and "stop_on_violation=False" in captured.out
+    assert (args.method, args.objectives, args.stop_at_target) == ("custom", ("masc", "none"), False)
+    assert "method='custom'" in captured.out and "stop_at_target=False" in captured.out
     assert args.forget_weight == 0.1  # the objective's registered weight still applies
-    asked = config(tmp_path, forget_loss="masc", retain_loss="kl", stop_on_violation=True, probe_interval=1)
-    assert asked.objectives == ("masc", "kl") and asked.stop_on_violation
+    asked = config(tmp_path, forget_loss="masc", retain_loss="kl", stop_at_target=True, probe_interval=1)
+    assert asked.objectives == ("masc", "kl") and asked.stop_at_target
     named = config(tmp_path, method="masc", forget_loss="npo")  # a named method keeps its retain term and its stop
-    assert named.objectives == ("npo", "kl") and named.stop_on_violation
+    assert named.objectives == ("npo", "kl") and named.stop_at_target
     with pytest.raises(ValueError, match="method='custom' runs the objectives you name: set forget_loss"):
         config(tmp_path, method="custom")
 
@@ -124,7 +124,7 @@ def test_a_method_is_declared_by_its_objectives_registration(tmp_path, scaled_as
     try:
         args = config(tmp_path, method="test_scaled")
         assert args.objectives == ("test_scaled_ascent", "nll") and args.retain_weight == 0.5
-        assert not args.stop_on_violation
+        assert not args.stop_at_target
         with pytest.raises(ValueError, match=r"Method name\(s\) \['npo'\] already name another method"):
             register_forget_objective("test_other", methods={"npo": "none"})
     finally:

@@ -17,6 +17,7 @@ from hf_unlearn.benchmarks import (
     tiny_model,
     tiny_model_config,
 )
+from hf_unlearn.benchmarks.fictitious_authors import benchmark_size, tokenizer_corpus
 from hf_unlearn.benchmarks.target_model import _sft_trainer
 from hf_unlearn.data.examples import IGNORE_INDEX, tokenize_qa
 
@@ -91,6 +92,27 @@ def test_split_sizes_and_disjointness():
         assert len(splits[forget]) + len(splits[retain]) == len(splits["full"])
     assert not _authors(splits["holdout"]) & full
     assert all(splits["holdout"]["is_holdout"]) and not any(splits["full"]["is_holdout"])
+
+
+def test_the_judge_size_has_250_answers_on_each_side_of_the_membership_attack():
+    # issue 66: a paired AUC difference is judged at ±0.1 only with about 250 answers a side.
+    settings = benchmark_size("judge")
+    sides = {name: load_split(name, **settings) for name in ("forget10", "holdout", "calibration", "retain90")}
+    assert {name: len(data) for name, data in sides.items()} == {
+        "forget10": 250, "holdout": 250, "calibration": 250, "retain90": 2250
+    }  # fmt: skip
+    never_learned = _authors(sides["holdout"]) | _authors(sides["calibration"])
+    assert len(never_learned) == 50 and not never_learned & _authors(load_split("full", **settings))
+    # every author is in the tokenizer's corpus, the 25 calibration ones too (issue 66: as the learned ones are)
+    corpus = {r["author"] for r in tokenizer_corpus(**settings)}
+    assert set(sides["calibration"]["author"]) | set(sides["holdout"]["author"]) <= corpus
+    # The calibration count changes no other split, and the quick size is the default.
+    assert list(load_split("holdout", **dict(settings, num_calibration_authors=3))["question"]) == list(
+        sides["holdout"]["question"]
+    )
+    assert len(load_split("calibration", **benchmark_size("quick"))) == len(load_split("calibration")) == 20
+    with pytest.raises(ValueError, match="Unknown benchmark size 'huge'; choose one of quick, judge"):
+        benchmark_size("huge")
 
 
 def test_split_generate_kwargs():
@@ -230,14 +252,18 @@ def test_learning_through_lora_saves_a_merged_plain_model(tmp_path):
         learn_target_model(**kwargs, base_model="gpt9")
 
 
-def test_calibration_authors_are_tokenized_like_the_other_never_learned_authors():
+@pytest.mark.parametrize("size", ["quick", "judge"])
+def test_calibration_authors_are_tokenized_like_the_other_never_learned_authors(size):
     # A stop calibrated on never-seen authors compares the forget set with them; if the tokenizer had learned every
     # name but theirs, their answers would split into more, rarer pieces and look less familiar than any never-seen
-    # author (before BENCHMARK_VERSION 2: 13.4 tokens an answer against the holdout authors' 9.0).
-    tokenizer = build_tokenizer()
+    # author (before BENCHMARK_VERSION 2: 13.4 tokens an answer against the holdout authors' 9.0). At the judge size
+    # the 25 calibration authors must be in the corpus too (left out, they tokenize at 3.1 characters a token against
+    # 3.8, issue 66).
+    settings = benchmark_size(size)
+    tokenizer = build_tokenizer(tokenizer_corpus(**settings))
 
     def tokens_per_answer(split: str) -> float:
-        answers = load_split(split)["answer"]
+        answers = load_split(split, **settings)["answer"]
         return sum(len(tokenizer(a, add_special_tokens=False)["input_ids"]) for a in answers) / len(answers)
 
     holdout, calibration, forget = (tokens_per_answer(s) for s in ("holdout", "calibration", "forget10"))

@@ -131,7 +131,7 @@ def test_card_lists_each_objectives_own_hyperparameters(tmp_path):
 
 
 def test_checkpoint_saves_read_the_record_and_run_no_forward(tmp_path):
-    trainer = trainer_for(tmp_path, save_strategy="steps", save_steps=2, probe_interval=0, stop_on_violation=False)
+    trainer = trainer_for(tmp_path, save_strategy="steps", save_steps=2, probe_interval=0, stop_at_target=False)
     forwards = []
     trainer.model.register_forward_hook(lambda *_: forwards.append(trainer.state.global_step))
     trainer.train()
@@ -148,7 +148,7 @@ def test_adapter_card_keeps_peft_metadata(tmp_path, monkeypatch):
     model.config._name_or_path = "someone/tiny-base"
     lora = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
     args = UnlearnConfig(
-        output_dir=str(tmp_path / "out"), max_steps=2, probe_interval=0, stop_on_violation=False,
+        output_dir=str(tmp_path / "out"), max_steps=2, probe_interval=0, stop_at_target=False,
         report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
     )  # fmt: skip
     trainer = UnlearnTrainer(model, args, FORGET, RETAIN, peft_config=lora)
@@ -351,7 +351,7 @@ def test_qlora_trains_adapters_on_a_4bit_base_on_cpu(tmp_path, saved_tiny_model)
         method="npo_klr",
         max_steps=3,
         probe_interval=1,
-        stop_on_violation=False,
+        stop_at_target=False,
         learning_rate=1e-2,
         report_to="none",
         save_strategy="no",
@@ -379,7 +379,7 @@ def test_push_refuses_an_adapter_whose_base_is_a_local_path(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     lora = LoraConfig(r=2, target_modules=["q_proj"], task_type="CAUSAL_LM")
     args = UnlearnConfig(
-        output_dir="out", max_steps=2, probe_interval=0, stop_on_violation=False,
+        output_dir="out", max_steps=2, probe_interval=0, stop_at_target=False,
         report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
     )  # fmt: skip
     trainer = UnlearnTrainer(AutoModelForCausalLM.from_pretrained("base"), args, FORGET, RETAIN, peft_config=lora)

@@ -415,6 +415,67 @@ def test_auc_intervals_cover_the_true_auc_and_the_paired_difference_is_read_fine
         paired_auc_difference([0.1, 0.2], [0.3, 0.4], [0.1], [0.3, 0.4])
 
 
+def test_intervals_resample_authors_where_answers_share_one():
+    """Issue 66: answers about one author share its name and its familiarity, so they are not independent draws. With
+    an author effect as large as the answers' own spread (25 authors of 10 answers a side, the judge size), DeLong over
+    answers covers the true AUC about half the time; grouped by author (Obuchowski 1997) it covers it about 95 % of the
+    time, and the paired difference resamples the same authors. One answer per group is DeLong's interval exactly."""
+    import numpy as np
+    from scipy.stats import norm, t
+
+    from hf_unlearn.evaluation.membership import answer_groups, membership_reads, paired_off_interval
+    from hf_unlearn.scores import membership_auc_interval, paired_auc_difference
+
+    rng = np.random.default_rng(0)
+    forget, holdout = rng.normal(0, 1, 30).tolist(), rng.normal(0.3, 1, 40).tolist()
+    singletons = membership_auc_interval(forget, holdout, forget_groups=range(30), holdout_groups=range(40))
+    plain = membership_auc_interval(forget, holdout)
+    # DeLong's variance exactly; the quantile is Student's t with 29 degrees (the smaller side's groups - 1)
+    assert np.diff(singletons)[0] / np.diff(plain)[0] == pytest.approx(t.ppf(0.975, 29) / norm.ppf(0.975))
+    assert np.mean(singletons) == pytest.approx(np.mean(plain))
+    authors = np.repeat(np.arange(25), 10)
+    covered = {"answers": 0, "authors": 0}
+    covered_difference = 0
+    trials = 300
+    for _ in range(trials):
+        # both models read each author alike (its name), each answer with its own noise; true AUC 0.5, difference 0
+        sides = [rng.normal(0, 1, 25)[authors] + rng.normal(0, 1, 250) for _ in range(2)]
+        low, high = membership_auc_interval(*sides)
+        covered["answers"] += low <= 0.5 <= high
+        low, high = membership_auc_interval(*sides, forget_groups=authors, holdout_groups=authors)
+        covered["authors"] += low <= 0.5 <= high
+        other = [side + rng.normal(0, 0.5, 250) for side in sides]
+        _, low, high = paired_auc_difference(*sides, *other, forget_groups=authors, holdout_groups=authors)
+        covered_difference += low <= 0 <= high
+    assert covered["answers"] / trials < 0.75
+    assert 0.91 <= covered["authors"] / trials <= 0.98
+    assert 0.91 <= covered_difference / trials <= 0.99
+    # 4 authors of 5 answers a side (the quick demo): the t quantile covers where the normal one fell to 87 %
+    few = np.repeat(np.arange(4), 5)
+    covered_few = 0
+    for _ in range(trials):
+        sides_few = [rng.normal(0, 1, 4)[few] + rng.normal(0, 1, 20) for _ in range(2)]
+        low, high = membership_auc_interval(*sides_few, forget_groups=few, holdout_groups=few)
+        covered_few += low <= 0.5 <= high
+    assert covered_few / trials >= 0.91
+    assert all(np.isnan(v) for v in membership_auc_interval(forget, holdout, forget_groups=[0] * 30))  # one author
+    with pytest.raises(ValueError, match="one group per answer"):
+        membership_auc_interval(forget, holdout, forget_groups=[0, 1])
+    # records that name their author carry their groups into the scores, and the paired interval reads them
+    records = [{"question": "q", "answer": "a", "author": f"A{i // 10}"} for i in range(250)]
+    assert answer_groups(records) == [r["author"] for r in records]
+    assert answer_groups([{"question": "q", "answer": "a"}]) is None
+    scores = {"loss": sides[0].tolist()}, {"loss": sides[1].tolist()}
+    grouped = membership_reads(*scores, answer_groups(records), answer_groups(records))
+    plain = membership_reads(*scores)
+    # a reference that reads the authors its own way (the unlearned model still knows the forget authors' names)
+    other = [rng.normal(0, 1, 25)[authors] + rng.normal(0, 1, 250) for _ in range(2)]
+    reference = membership_reads({"loss": other[0].tolist()}, {"loss": other[1].tolist()})
+    assert grouped["scores"]["groups"]["forget"] == answer_groups(records) and "groups" not in plain["scores"]
+    widths = [np.diff(paired_off_interval(r["scores"], reference["scores"], "loss"))[0] for r in (grouped, plain)]
+    assert widths[0] > 1.5 * widths[1]
+
+
 def test_the_verdict_says_too_few_answers_where_the_interval_cannot_judge_the_tolerance():
     """An attack whose difference to the never-trained model has a 95 % interval wider than ±0.1 is neither 'lands'
     nor 'tells': 'too few answers to judge', and the run has not landed; within ±0.1 the point decides, and the

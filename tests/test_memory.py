@@ -22,7 +22,7 @@ RETAIN = [make_varied_example(100 + i) for i in range(4)]
 def trained(tmp_path, model, **overrides):
     """A trainer after two optimizer steps (gradients and AdamW moments exist)."""
     args = unlearn_config(
-        tmp_path, max_steps=2, probe_interval=0, stop_on_violation=False, per_device_train_batch_size=2, **overrides
+        tmp_path, max_steps=2, probe_interval=0, stop_at_target=False, per_device_train_batch_size=2, **overrides
     )
     trainer = UnlearnTrainer(model, args, FORGET, RETAIN)
     return held_while_training(trainer)
@@ -63,7 +63,7 @@ def test_lora_holds_the_base_once_and_adapter_states(tmp_path):
         tmp_path,
         max_steps=2,
         probe_interval=0,
-        stop_on_violation=False,
+        stop_at_target=False,
         per_device_train_batch_size=2,
         gradient_surgery="sago",
     )
@@ -84,7 +84,7 @@ def test_qlora_weights_are_nf4_plus_the_rest(tmp_path):
     lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     adapters = lora_parameter_count(full, r=4, target_modules=["q_proj", "v_proj"])
     args = unlearn_config(
-        tmp_path / "out", max_steps=2, probe_interval=0, stop_on_violation=False, per_device_train_batch_size=2
+        tmp_path / "out", max_steps=2, probe_interval=0, stop_at_target=False, per_device_train_batch_size=2
     )
     trainer = UnlearnTrainer(model, args, FORGET, RETAIN, peft_config=lora)  # token ids < 64 < the vocabulary
     measured = held_while_training(trainer)

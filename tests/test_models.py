@@ -32,7 +32,7 @@ def test_smollm2_loads_offline_and_takes_a_lora_masc_step(tmp_path):
         output_dir=str(tmp_path),
         max_steps=2,
         probe_interval=1,
-        stop_on_violation=False,
+        stop_at_target=False,
         learning_rate=1e-3,
         report_to="none",
         save_strategy="no",

@@ -302,7 +302,7 @@ def args(tmp_path, **overrides):
         max_steps=10,
         learning_rate=3e-3,
         probe_interval=0,
-        stop_on_violation=False,
+        stop_at_target=False,
     )
     values.update(overrides)
     return UnlearnConfig(**values)
@@ -322,7 +322,7 @@ def test_npo_stops_on_violation(tmp_path, memorized_llama):
         args(
             tmp_path,
             method="npo",
-            stop_on_violation=True,
+            stop_at_target=True,
             probe_interval=2,
             stop_alpha=0.3,
             max_steps=60,
@@ -694,7 +694,7 @@ def test_new_methods_run_under_lora_with_the_stopping_rule_and_surgery(tmp_path,
     model = tiny_model(tokenizer, "llama", hidden_size=32, num_layers=2, num_heads=2)
     surgery = "sum" if method == "ce_u" else "sago"  # CE-U has no retain term to protect
     settings = dict(
-        method=method, max_steps=4, probe_interval=2, stop_on_violation=True, gradient_surgery=surgery, logging_steps=1
+        method=method, max_steps=4, probe_interval=2, stop_at_target=True, gradient_surgery=surgery, logging_steps=1
     )
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
     trainer = UnlearnTrainer(

@@ -113,7 +113,7 @@ def trajectory(name, tmp_dir):
         learning_rate=0.1,
         per_device_train_batch_size=4,
         probe_interval=0,
-        stop_on_violation=False,
+        stop_at_target=False,
         logging_steps=1,
         report_to="none",
         save_strategy="no",

@@ -171,7 +171,7 @@ def test_training_equals_the_start_model_run_every_time(tmp_path, method):
         model = lora_model("llama")
         args = unlearn_config(
             tmp_path / f"{method}-{plain}", method=method, per_device_train_batch_size=4, num_train_epochs=3,
-            learning_rate=1e-2, probe_interval=0, stop_on_violation=False, seed=0,
+            learning_rate=1e-2, probe_interval=0, stop_at_target=False, seed=0,
         )  # fmt: skip
         calibration = prefixed_examples(8, seed=2) if method == "masc" else None
         trainer = UnlearnTrainer(
@@ -229,7 +229,7 @@ def test_training_forward_from_the_answer_window_equals_the_whole_one(tmp_path, 
     loss and gradients equal those of the forward over the whole sequence, the head saw fewer positions and the
     model fewer tokens."""
     args = unlearn_config(
-        tmp_path, method=method, per_device_train_batch_size=4, probe_interval=0, stop_on_violation=False, seed=0
+        tmp_path, method=method, per_device_train_batch_size=4, probe_interval=0, stop_at_target=False, seed=0
     )
     calibration = prefixed_examples(8, seed=2) if method == "masc" else None
     model = without_dropout(lora_model(architecture))  # with dropout the prefix is not shared (one mask per row)

@@ -106,7 +106,7 @@ def test_the_stop_reads_what_the_evaluation_reads_at_every_exact_read(tmp_path, 
     trainer = UnlearnTrainer(
         tiny_model(tokenizer, "llama"),
         config(tmp_path, max_steps=8, probe_interval=2, learning_rate=1e-2, stop_target="membership",
-               stop_on_violation=False, per_device_train_batch_size=4),
+               stop_at_target=False, per_device_train_batch_size=4),
         build_qa_dataset(forget, tokenizer), build_qa_dataset(load_split("retain90"), tokenizer),
         processing_class=tokenizer, calibration_dataset=build_qa_dataset(calibration, tokenizer),
     )  # fmt: skip

@@ -116,7 +116,7 @@ def test_stops_at_the_first_probe_at_or_under_alpha(tmp_path, memorized_llama_st
         model = make_tiny_model("llama")
         model.load_state_dict(memorized_llama_state)
         args = config(
-            tmp_path / f"{alpha}-{stop}", stop_alpha=alpha, stop_on_violation=stop, probe_interval=3, max_steps=30,
+            tmp_path / f"{alpha}-{stop}", stop_alpha=alpha, stop_at_target=stop, probe_interval=3, max_steps=30,
             utility_floor=None,
         )  # fmt: skip
         trainer = UnlearnTrainer(model=model, args=args, train_dataset=FORGET, retain_dataset=RETAIN)
@@ -196,7 +196,7 @@ def test_surgery_sees_gradients_accumulated_over_the_whole_window(tmp_path, memo
             gradient_accumulation_steps=accumulation,
             max_steps=1,
             probe_interval=0,
-            stop_on_violation=False,
+            stop_at_target=False,
             max_grad_norm=0.0,
             logging_steps=1,
         )

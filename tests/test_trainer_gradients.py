@@ -51,7 +51,7 @@ def config(tmp_path, **overrides):
         output_dir=str(tmp_path),
         max_steps=1,
         probe_interval=0,
-        stop_on_violation=False,
+        stop_at_target=False,
         max_grad_norm=0.0,
         report_to="none",
         save_strategy="no",

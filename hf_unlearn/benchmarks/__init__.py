@@ -6,8 +6,10 @@ recur across passages, :mod:`hf_unlearn.benchmarks.fictitious_chronicles`) and i
 
 from .chronicles_target import learn_chronicles_target_model
 from .fictitious_authors import (
+    BENCHMARK_SIZES,
     BENCHMARK_VERSION,
     SPLIT_NAMES,
+    benchmark_size,
     build_tokenizer,
     generate_benchmark,
     load_split,
@@ -28,6 +30,7 @@ from .target_model import (
 )
 
 __all__ = [
+    "BENCHMARK_SIZES",
     "BENCHMARK_VERSION",
     "CHRONICLES_SPLIT_NAMES",
     "build_chronicles_tokenizer",
@@ -35,6 +38,7 @@ __all__ = [
     "learn_chronicles_target_model",
     "load_chronicles_split",
     "SPLIT_NAMES",
+    "benchmark_size",
     "build_tokenizer",
     "default_cache_dir",
     "generate_benchmark",

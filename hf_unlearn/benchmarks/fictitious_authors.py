@@ -24,7 +24,9 @@ from .tokenizer import train_bpe_tokenizer
 
 __all__ = [
     "BENCHMARK_VERSION",
+    "BENCHMARK_SIZES",
     "SPLIT_NAMES",
+    "benchmark_size",
     "build_tokenizer",
     "generate_benchmark",
     "load_split",
@@ -413,6 +415,34 @@ SPLIT_NAMES = (
 #: calibrated on them is not tuned on the evaluation's own data.
 NUM_CALIBRATION_AUTHORS = 4
 
+#: Named sizes of the benchmark: :func:`generate_benchmark`'s settings and the calibration authors. ``quick`` is the
+#: demo's (20 forget answers against 20 holdout ones: a membership AUC's 95 % interval is about ±0.2, too wide to tell
+#: landing from luck at the region's ±0.1). ``judge`` has 250 answers on each side (25 forget, 25 holdout and 25
+#: calibration authors, all ten attributes each), where the paired interval of an attack's difference to the
+#: never-trained model is about ±0.05 (issue 66); its target learns 2,500 answers, once, in minutes.
+BENCHMARK_SIZES: dict[str, dict[str, int]] = {
+    "quick": {
+        "num_authors": 40,
+        "questions_per_author": 5,
+        "num_holdout_authors": 4,
+        "num_calibration_authors": NUM_CALIBRATION_AUTHORS,
+    },
+    "judge": {
+        "num_authors": 250,
+        "questions_per_author": 10,
+        "num_holdout_authors": 25,
+        "num_calibration_authors": 25,
+    },
+}
+
+
+def benchmark_size(name: str) -> dict[str, int]:
+    """The settings of the named size (:data:`BENCHMARK_SIZES`), for :func:`load_split`, :func:`tokenizer_corpus` and
+    :func:`~hf_unlearn.benchmarks.learn_target_model`."""
+    if name not in BENCHMARK_SIZES:
+        raise ValueError(f"Unknown benchmark size {name!r}; choose one of {', '.join(BENCHMARK_SIZES)}.")
+    return dict(BENCHMARK_SIZES[name])
+
 
 def _author_name(rng: random.Random) -> str:
     first = rng.choice(_FIRST_SYLLABLES)
@@ -523,14 +553,16 @@ def load_split(name: str, **generate_kwargs: Any) -> Dataset:
     num_authors)) (TOFU style; with 40 authors: 1, 2 and 4 authors). ``retain99``/``retain95``/``retain90``: the
     other learned authors. ``holdout``: the holdout authors. ``calibration``: :data:`NUM_CALIBRATION_AUTHORS` more
     never-learned authors, generated after the holdout ones (what a calibrated stopping rule compares with).
-    ``full``: all learned authors.
+    ``full``: all learned authors. ``num_calibration_authors`` (default :data:`NUM_CALIBRATION_AUTHORS`) sets how many
+    calibration authors there are; the other splits do not depend on it.
     """
     if name not in SPLIT_NAMES:
         raise ValueError(f"Unknown split {name!r}; valid names are: {', '.join(SPLIT_NAMES)}.")
+    num_calibration_authors = generate_kwargs.pop("num_calibration_authors", NUM_CALIBRATION_AUTHORS)
     if name == "calibration":
         # Authors are generated one after another, so adding more after the holdout ones changes no earlier record.
         holdout = generate_kwargs.get("num_holdout_authors", 4)
-        kwargs = dict(generate_kwargs, num_holdout_authors=holdout + NUM_CALIBRATION_AUTHORS)
+        kwargs = dict(generate_kwargs, num_holdout_authors=holdout + num_calibration_authors)
         records = generate_benchmark(**kwargs)
         first = len({r["author_index"] for r in records if not r["is_holdout"]}) + holdout
         return Dataset.from_list([r for r in records if r["author_index"] >= first])
@@ -564,9 +596,10 @@ def _benchmark_texts(records: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def tokenizer_corpus(**generate_kwargs: Any) -> list[dict[str, Any]]:
-    """The records the benchmark's tokenizer is trained on: every author of the benchmark, learned, holdout and the
-    :data:`NUM_CALIBRATION_AUTHORS` calibration ones, with the first version's perturbed answers (the ``answer``
-    template, so that moving the perturbed answers to the paraphrase template changed no cached model).
+    """The records the benchmark's tokenizer is trained on: every author of the benchmark, learned, holdout and
+    calibration ones (``num_calibration_authors``, default :data:`NUM_CALIBRATION_AUTHORS`), with the first version's
+    perturbed answers (the ``answer`` template, so that moving the perturbed answers to the paraphrase template changed
+    no cached model).
 
     The calibration authors are in it since ``BENCHMARK_VERSION`` 2. Without them their names and values were the only
     text the tokenizer had not seen: 13.4 tokens an answer against 9.0 for the holdout and the forget authors', and
@@ -574,9 +607,9 @@ def tokenizer_corpus(**generate_kwargs: Any) -> list[dict[str, Any]]:
     data less familiar than any never-seen author of the benchmark (issue 32). A pretrained tokenizer treats a
     user's forget, calibration and holdout text alike; so does this one now."""
     holdout = generate_kwargs.pop("num_holdout_authors", 4)
-    return generate_benchmark(
-        **generate_kwargs, num_holdout_authors=holdout + NUM_CALIBRATION_AUTHORS, perturbed_template="answer"
-    )
+    calibration = generate_kwargs.pop("num_calibration_authors", NUM_CALIBRATION_AUTHORS)
+    never_learned = holdout + calibration
+    return generate_benchmark(**generate_kwargs, num_holdout_authors=never_learned, perturbed_template="answer")
 
 
 def build_tokenizer(

@@ -273,6 +273,7 @@ def learn_target_model(
     num_authors: int = 40,
     questions_per_author: int = 5,
     num_holdout_authors: int = 4,
+    num_calibration_authors: int = 4,
     benchmark_seed: int = 0,
     batch_size: int = 16,
     eval_every: int = 2,
@@ -290,6 +291,10 @@ def learn_target_model(
     (:func:`hf_unlearn.benchmarks.pretrained. load_smollm2`, with its own tokenizer and chat template) instead of a
     tiny model trained from scratch; ``lora_r > 0`` learns through a LoRA adapter of that rank (all linear layers),
     merged into the saved model.
+
+    ``num_authors``, ``questions_per_author``, ``num_holdout_authors`` and ``num_calibration_authors`` set the
+    benchmark's size (:data:`~hf_unlearn.benchmarks.fictitious_authors.BENCHMARK_SIZES` names two); every author,
+    never-learned ones included, is in the tokenizer's corpus.
 
     It is learned with TRL's ``SFTTrainer`` on the pairs tokenized by :func:`hf_unlearn.data.tokenize_qa` (the
     ``labels`` column keeps the prompt at ``-100``, so the loss is on the answer alone, and unlearning later sees
@@ -314,6 +319,7 @@ def learn_target_model(
         num_authors=num_authors,
         questions_per_author=questions_per_author,
         num_holdout_authors=num_holdout_authors,
+        num_calibration_authors=num_calibration_authors,
         benchmark_seed=benchmark_seed,
         batch_size=batch_size,
         eval_every=eval_every,
@@ -338,7 +344,8 @@ def learn_target_model(
     }
     records = generate_benchmark(**benchmark_kwargs)
     learned = _learned_authors(records, learn_split, benchmark_kwargs)
-    model, tokenizer = _start_model(base_model, architecture, seed, model_kwargs, lora_r, benchmark_kwargs)
+    corpus_kwargs = dict(benchmark_kwargs, num_calibration_authors=num_calibration_authors)
+    model, tokenizer = _start_model(base_model, architecture, seed, model_kwargs, lora_r, corpus_kwargs)
     _check_pairs_fit(model, tokenizer, records)
     train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
     stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
@@ -360,9 +367,9 @@ def learn_target_model(
 
 
 def _authors_settings(**given: Any) -> dict[str, Any]:
-    """The target's cache key: every setting, the last three (``learn_split``, ``base_model``, ``lora_r``) only when
-    set, so that the default model keeps its cache key."""
-    optional = {"learn_split": "full", "base_model": None, "lora_r": 0}
+    """The target's cache key: every setting, the optional ones (``learn_split``, ``base_model``, ``lora_r``,
+    ``num_calibration_authors``) only when not their default, so that the default model keeps its cache key."""
+    optional = {"learn_split": "full", "base_model": None, "lora_r": 0, "num_calibration_authors": 4}
     settings = {"version": BENCHMARK_VERSION, **{k: v for k, v in given.items() if k not in optional}}
     settings.update({k: given[k] for k, default in optional.items() if given[k] != default})
     return settings
@@ -531,11 +538,19 @@ def load_cached(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any]:
 
 
 def learn_retain_only_model(
-    split: str = "forget10", cache_dir: str | os.PathLike[str] | None = None, architecture: str = "llama"
+    split: str = "forget10",
+    cache_dir: str | os.PathLike[str] | None = None,
+    architecture: str = "llama",
+    **size: Any,
 ) -> tuple[PreTrainedModel, Any]:
     """The embedded benchmark's model learned without ``split``'s authors (learned once, then cached): what forget
-    quality and PrivLeak compare an unlearned model with."""
+    quality and PrivLeak compare an unlearned model with. ``size``: the benchmark's size settings, as
+    :func:`learn_target_model` takes them."""
     model, tokenizer, _ = learn_target_model(
-        cache_dir=cache_dir, architecture=architecture, learn_split=retain_split_for(split), show_progress=False
+        cache_dir=cache_dir,
+        architecture=architecture,
+        learn_split=retain_split_for(split),
+        show_progress=False,
+        **size,
     )
     return model, tokenizer

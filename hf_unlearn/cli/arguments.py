@@ -124,6 +124,14 @@ class DemoArguments:
         },
     )
     split: str = field(default="forget10", metadata={"help": "Forget split of the fictitious authors."})
+    size: str = field(
+        default="quick",
+        metadata={
+            "help": "Size of the fictitious authors: quick (40 learned authors, 20 answers a side of the membership "
+            "attack, ~2 minutes; too few to judge most attacks at ±0.1) or judge (250 learned authors, 250 answers a "
+            "side, intervals near ±0.05; the first run learns its target and retain-only models)."
+        },
+    )
     architecture: str = field(default="llama", metadata={"help": "Tiny target model: llama, qwen2 or gpt2."})
     cache_dir: str | None = field(
         default=None, metadata={"help": "Where the learned target model is cached (default ~/.cache/hf_unlearn)."}

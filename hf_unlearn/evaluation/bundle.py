@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.prompts import prompt_and_completion
-from .membership import ATTACKS, attack_reads, membership_reads, membership_scores
+from .membership import ATTACKS, answer_groups, attack_reads, membership_reads, membership_scores
 from .metrics import (
     evaluate_qa,
     forget_quality,
@@ -82,10 +82,12 @@ def qa_membership_reads(
 ) -> dict[str, Any]:
     """:func:`qa_membership_aucs` with what they were read from: ``auc``, its 95 % interval per attack
     (``auc_interval``) and every answer's score (``scores``): the
-    :func:`~hf_unlearn.evaluation.membership.membership_reads` of both sets' scores."""
+    :func:`~hf_unlearn.evaluation.membership.membership_reads` of both sets' scores, grouped by author where the
+    records name one (``group`` or ``author``)."""
     read = _records_scores(model, tokenizer, members, prompt_template, attacks, member_scores, reference_model)
     others = _qa_scores(model, tokenizer, non_members, prompt_template, attacks, reference_model)
-    return membership_reads(read, others)
+    # Records that name their author are drawn by author: the intervals resample authors (membership.answer_groups).
+    return membership_reads(read, others, answer_groups(members), answer_groups(non_members))
 
 
 def attack_scores(

@@ -330,16 +330,41 @@ def attack_scores(
 MEMBERSHIP_TOLERANCE = 0.1
 
 
+#: The columns that name the unit an answer was drawn with (the author it is about), first found first: answers of one
+#: author share its name and familiarity, so intervals resample authors, not answers (:func:`answer_groups`).
+GROUP_COLUMNS = ("group", "author")
+
+
+def answer_groups(records: Any) -> list[Any] | None:
+    """One group per record (its ``group``, else its ``author``), or None when the records name neither: then each
+    answer is its own draw. Works on a ``datasets.Dataset`` or a list of dicts."""
+    columns = getattr(records, "column_names", None)
+    if columns is None:
+        columns = list(records[0]) if len(records) else []
+    column = next((c for c in GROUP_COLUMNS if c in columns), None)
+    if column is None:
+        return None
+    return list(records[column]) if hasattr(records, "column_names") else [r[column] for r in records]
+
+
 def membership_reads(
-    member_scores: Mapping[str, Sequence[float]], other_scores: Mapping[str, Sequence[float]]
+    member_scores: Mapping[str, Sequence[float]],
+    other_scores: Mapping[str, Sequence[float]],
+    member_groups: Sequence[Any] | None = None,
+    other_groups: Sequence[Any] | None = None,
 ) -> dict[str, Any]:
     """Each attack's AUC telling the members' scores from the others' (:func:`membership_auc`), its 95 % interval
-    (``auc_interval``) and the scores it was read from (``scores``: ``{"forget": {attack: [...]}, "holdout": {...}}``),
-    so that another model read on the same answers can be compared pairwise (:func:`paired_off_interval`)."""
-    return {
+    (``auc_interval``; with groups, one per answer, it resamples groups: authors, not answers) and the scores it was
+    read from (``scores``: ``{"forget": {attack: [...]}, "holdout": {...}}``, and ``"groups"`` when given), so that
+    another model read on the same answers can be compared pairwise (:func:`paired_off_interval`)."""
+    if (member_groups is None) != (other_groups is None):
+        # a clustered side beside an unclustered one would mix two kinds of draw; read both as answers
+        member_groups = other_groups = None
+    groups = {"forget_groups": member_groups, "holdout_groups": other_groups}
+    read = {
         "auc": {attack: membership_auc(member_scores[attack], other_scores[attack]) for attack in member_scores},
         "auc_interval": {
-            attack: list(membership_auc_interval(member_scores[attack], other_scores[attack]))
+            attack: list(membership_auc_interval(member_scores[attack], other_scores[attack], **groups))
             for attack in member_scores
         },
         "scores": {
@@ -347,6 +372,9 @@ def membership_reads(
             "holdout": {attack: list(other_scores[attack]) for attack in member_scores},
         },
     }
+    if member_groups is not None:
+        read["scores"]["groups"] = {"forget": list(member_groups), "holdout": list(other_groups)}
+    return read
 
 
 def paired_off_interval(
@@ -355,8 +383,9 @@ def paired_off_interval(
     attack: str,
 ) -> list[float] | None:
     """The 95 % interval of one model's AUC minus a reference model's for ``attack``, both read on the same answers
-    (each a :func:`membership_reads` ``scores``; :func:`~hf_unlearn.scores.paired_auc_difference`); None where either
-    lacks the attack's scores or they are not of the same answers."""
+    (each a :func:`membership_reads` ``scores``; :func:`~hf_unlearn.scores.paired_auc_difference`), resampling the
+    answers' groups where ``scores`` names them; None where either lacks the attack's scores or they are not of the
+    same answers."""
     if not scores or not reference_scores:
         return None
     sides = [
@@ -364,7 +393,11 @@ def paired_off_interval(
     ]
     if any(ours is None or theirs is None or len(ours) != len(theirs) for ours, theirs in sides):
         return None
-    _, low, high = paired_auc_difference(sides[0][0], sides[1][0], sides[0][1], sides[1][1])
+    groups = scores.get("groups") or {}
+    _, low, high = paired_auc_difference(
+        sides[0][0], sides[1][0], sides[0][1], sides[1][1],
+        forget_groups=groups.get("forget"), holdout_groups=groups.get("holdout"),
+    )  # fmt: skip
     return [low, high]
 
 
@@ -499,6 +532,7 @@ __all__ = [
     "ATTACKS",
     "ATTACK_READS",
     "FORWARD_ATTACKS",
+    "GROUP_COLUMNS",
     "MEMBERSHIP_TOLERANCE",
     "TOO_FEW",
     "attack_reads",
@@ -506,6 +540,7 @@ __all__ = [
     "gradient_norms",
     "judge_difference",
     "membership_auc",
+    "answer_groups",
     "membership_reads",
     "membership_scores",
     "membership_verdict",

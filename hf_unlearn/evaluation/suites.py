@@ -17,6 +17,7 @@ from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
 from .membership import (
     ATTACKS,
+    answer_groups,
     attack_reads,
     membership_reads,
     membership_scores,
@@ -211,7 +212,8 @@ def evaluate_muse(
             )
             for name in ("privleak_forget", "privleak_holdout")
         )
-        result.update(membership_reads(members, others))
+        groups = (answer_groups(sets[name]) for name in ("privleak_forget", "privleak_holdout"))
+        result.update(membership_reads(members, others, *groups))
         # Which attacks still tell the forget set from never-seen data (each against the retrained model's AUC, or
         # 0.5 without one), read with the interval of the difference: the forget set counts as forgotten only when
         # every attack could be judged and none tells (issue 54, 66).
@@ -347,13 +349,15 @@ def _prompted_membership(sets: Mapping[str, Any]) -> bool:
     return data is not None and "privleak_holdout" in sets and "prompt" in getattr(data, "column_names", ())
 
 
-def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
+def embedded_evaluation_sets(split: str = "forget10", **size: Any) -> dict[str, Any]:
     """The embedded benchmark seen both ways: TOFU's sets (forget, retain) and MUSE's (VerbMem on each forget
     answer's second half given the question and first half, KnowMem on forget and retain QA, and the membership
-    attack on the answers of forget vs holdout-author QA, given their questions)."""
+    attack on the answers of forget vs holdout-author QA, given their questions). ``size``: the benchmark's size
+    settings (:func:`~hf_unlearn.benchmarks.fictitious_authors.benchmark_size`), default the quick one."""
     from ..benchmarks.fictitious_authors import load_split, retain_split_for
 
-    forget, retain, holdout = load_split(split), load_split(retain_split_for(split)), load_split("holdout")
+    forget, retain = load_split(split, **size), load_split(retain_split_for(split), **size)
+    holdout = load_split("holdout", **size)
 
     def prompt(record: dict[str, Any]) -> str:
         return PLAIN_PROMPT_TEMPLATE.format(question=record["question"])
@@ -375,11 +379,13 @@ def embedded_evaluation_sets(split: str = "forget10") -> dict[str, Any]:
         "knowmem_retain": retain.select_columns(["question", "answer"]),
         # The question is a prompt the model never trained on (masked from the loss), so the membership attack
         # scores the answer given the question, not the whole text.
+        # "group": the author each answer is about, so the membership intervals resample authors (answers of one
+        # author share its name: on the judge size 2.4 times wider than over answers, docs/studies/judge_size.md)
         "privleak_forget": Dataset.from_dict(
-            {"prompt": [prompt(r) for r in forget], "text": [answer(r) for r in forget]}
+            {"prompt": [prompt(r) for r in forget], "text": [answer(r) for r in forget], "group": forget["author"]}
         ),
         "privleak_holdout": Dataset.from_dict(
-            {"prompt": [prompt(r) for r in holdout], "text": [answer(r) for r in holdout]}
+            {"prompt": [prompt(r) for r in holdout], "text": [answer(r) for r in holdout], "group": holdout["author"]}
         ),
     }
 

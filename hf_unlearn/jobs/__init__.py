@@ -7,7 +7,7 @@ from .checks import run_audit_job, run_eval_job, run_quant_check_job, run_relear
 from .compare import build_region, in_region, parse_overrides, region_misses
 from .compare_report import compare_table, write_compare
 from .compare_setups import run_compare, tofu_setting
-from .demo import run_demo
+from .demo import membership_after, run_demo
 from .models import build_trainer, earlier_requests_of, load_model_and_tokenizer
 from .sequence import ForgetRequest, SequenceResult, run_sequence_job, unlearn_sequentially
 from .unlearn import run_unlearning_job, unlearn_and_report
@@ -21,6 +21,7 @@ __all__ = [
     "earlier_requests_of",
     "in_region",
     "load_model_and_tokenizer",
+    "membership_after",
     "parse_overrides",
     "region_misses",
     "run_audit_job",

@@ -52,6 +52,14 @@ def recorded_prompt_template(cli: Any, record: UnlearnRecord | None) -> str | No
     return cli.prompt_template
 
 
+def recorded_size(record: UnlearnRecord | None) -> dict[str, int]:
+    """The embedded benchmark's size settings a run learned on (its record's ``benchmark_size``, written by the demo),
+    else the quick size's: what a check reads the embedded benchmark at."""
+    from ..benchmarks.fictitious_authors import benchmark_size
+
+    return benchmark_size((record.extra.get("benchmark_size") if record is not None else None) or "quick")
+
+
 def check_data(cli: Any, record: UnlearnRecord | None, command: str) -> tuple[Any, Any, str | None]:
     """Forget and retain records and the prompt format for a check of a saved model, from what
     :func:`evaluation_target` chose: the user's own data, a named benchmark, or the embedded benchmark when the model's
@@ -67,7 +75,9 @@ def check_data(cli: Any, record: UnlearnRecord | None, command: str) -> tuple[An
         return load_records(benchmark, split), retain, prompt_template
     from ..benchmarks import load_split, retain_split_for
 
-    return load_split(split), load_split(cli.retain_split or retain_split_for(split)), prompt_template
+    size = recorded_size(record)
+    forget, retain = load_split(split, **size), load_split(cli.retain_split or retain_split_for(split), **size)
+    return forget, retain, prompt_template
 
 
 def run_relearn_check_job(cli: Any) -> dict:
@@ -115,8 +125,9 @@ def check_models(cli: Any, record: UnlearnRecord | None) -> dict[str, Any]:
         from ..benchmarks import learn_retain_only_model, learn_target_model
 
         split = (record.extra.get("split") if record is not None else None) or cli.split
-        models.setdefault("reference_model", learn_retain_only_model(split)[0])
-        models.setdefault("target_model", learn_target_model()[0])
+        size = recorded_size(record)
+        models.setdefault("reference_model", learn_retain_only_model(split, **size)[0])
+        models.setdefault("target_model", learn_target_model(**size)[0])
     return models
 
 
@@ -133,7 +144,7 @@ def run_audit_job(cli: Any) -> dict:
     if holdout is None and not cli.forget_data and (cli.benchmark or "embedded") == "embedded":
         from ..benchmarks import load_split
 
-        holdout = load_split("holdout")
+        holdout = load_split("holdout", **recorded_size(record))
     model, tokenizer = load_model_and_tokenizer(cli.model_name_or_path, base_model=cli.base_model)
     audit = run_audit(
         model,
@@ -280,7 +291,7 @@ def run_eval_job(cli: Any) -> dict:
     elif cli.reference_model:
         reference_model = load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
     elif benchmark == "embedded":
-        reference = embedded_reference(split)
+        reference = embedded_reference(split, **recorded_size(record))
     sets = None
     if forget_path is not None:
         sets = qa_evaluation_sets(tokenizer, *user_data.values(), prompt_template=prompt_template)
@@ -291,6 +302,10 @@ def run_eval_job(cli: Any) -> dict:
         }
     else:
         data = {"benchmark": f"{benchmark} / {split}" if benchmark in ("embedded", "tofu") else benchmark}
+    if benchmark == "embedded" and sets is None:
+        from ..evaluation.suites import embedded_evaluation_sets
+
+        sets = embedded_evaluation_sets(split, **recorded_size(record))
     for warning in warnings:
         logger.warning(warning)
     result = evaluate_benchmark(

@@ -393,7 +393,7 @@ class Race:
         evaluator = _EpochEvaluator(
             self.setting.measure, start, show=lambda stage: self.progress.set_postfix_str(f"{self.label}: {stage}")
         )
-        options = dict(num_train_epochs=self.epochs, probe_interval=0, stop_on_violation=False)
+        options = dict(num_train_epochs=self.epochs, probe_interval=0, stop_at_target=False)
         trainer = self.train(method, lr, seed, f"{method}-{lr:g}", options, callbacks=[evaluator])
         first = next((row for row in evaluator.epochs if in_region(row, self.region)), None)
         final = evaluator.epochs[-1]

@@ -20,16 +20,17 @@ logger = logging.get_logger(__name__)
 
 
 def embedded_reference(
-    split: str = "forget10", cache_dir: str | None = None, architecture: str = "llama"
+    split: str = "forget10", cache_dir: str | None = None, architecture: str = "llama", **size: Any
 ) -> dict[str, Any]:
     """What forget quality and PrivLeak compare with on the embedded benchmark: the evaluation (forget truth ratios,
-    membership-attack AUCs) of its retain-only model, learned once and cached."""
+    membership-attack AUCs) of its retain-only model, learned once and cached. ``size``: the benchmark's size
+    settings (default the quick one)."""
     from ..benchmarks.target_model import learn_retain_only_model
     from ..evaluation.options import truth_ratios
     from ..evaluation.suites import embedded_evaluation_sets, evaluate_muse
 
-    model, tokenizer = learn_retain_only_model(split, cache_dir, architecture)
-    sets = embedded_evaluation_sets(split)
+    model, tokenizer = learn_retain_only_model(split, cache_dir, architecture, **size)
+    sets = embedded_evaluation_sets(split, **size)
     privleak_sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
     return {
         "forget_truth_ratios": truth_ratios(model, tokenizer, sets["forget"]),
@@ -37,14 +38,16 @@ def embedded_reference(
     }
 
 
-def membership_after(model: Any, never_trained: Any, start_model: Any, tokenizer: Any, split: str) -> dict[str, Any]:
+def membership_after(
+    model: Any, never_trained: Any, start_model: Any, tokenizer: Any, split: str, **size: Any
+) -> dict[str, Any]:
     """Every membership attack on the forget answers against the holdout authors' (given their questions), for the
     unlearned ``model`` and the ``never_trained`` model, the reference attack with the ``start_model`` (the target
     before unlearning) as its reference, and which attacks still tell the forget set apart
     (:func:`~hf_unlearn.evaluation.membership.membership_verdict`): the record's ``evaluation['membership']``."""
     from ..evaluation.suites import embedded_evaluation_sets, evaluate_muse
 
-    sets = embedded_evaluation_sets(split)
+    sets = embedded_evaluation_sets(split, **size)
     sets = {name: sets[name] for name in ("privleak_forget", "privleak_holdout")}
     never = evaluate_muse(never_trained, tokenizer, sets, attack_reference_model=start_model)
     after = evaluate_muse(
@@ -79,27 +82,29 @@ def answers_beside(model: Any, never_trained: Any, tokenizer: Any, records: Any,
 def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     """The README's main job: learn the embedded benchmark, then forget its forget split."""
     from ..benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
+    from ..benchmarks.fictitious_authors import benchmark_size
     from ..evaluation.options import truth_ratios
 
     if demo_args.benchmark == "chronicles":
         return run_chronicles_demo(demo_args, config)
     if demo_args.benchmark != "fictitious_authors":
         raise ValueError(f"--benchmark must be fictitious_authors or chronicles, got {demo_args.benchmark!r}.")
+    size = benchmark_size(demo_args.size)  # before any work: an unknown size is refused first
     prepare_output_dir(config.output_dir, config.overwrite_output_dir)
     start = time.perf_counter()
-    model, tokenizer, learn_info = learn_target_model(
-        cache_dir=demo_args.cache_dir, architecture=demo_args.architecture
-    )
-    forget = load_split(demo_args.split)
+    learned = dict(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture, **size)
+    model, tokenizer, learn_info = learn_target_model(**learned)
+    forget = load_split(demo_args.split, **size)
     retain_name = retain_split_for(demo_args.split)
-    retain = load_split(retain_name)
+    retain = load_split(retain_name, **size)
     # Authors the target never saw (and not the holdout authors the membership attack uses): the calibrated target.
-    calibration = load_split("calibration") if demo_args.calibrate else None
+    calibration = load_split("calibration", **size) if demo_args.calibrate else None
     # TOFU's forget quality compares with a model that never saw the forget split (learned once, cached).
     reference_model, reference_tokenizer = learn_retain_only_model(
-        demo_args.split, demo_args.cache_dir, demo_args.architecture
+        demo_args.split, demo_args.cache_dir, demo_args.architecture, **size
     )
     reference = truth_ratios(reference_model, reference_tokenizer, forget)
+    sized = "" if demo_args.size == "quick" else f" ({demo_args.size})"
     trainer = unlearn_and_report(
         model,
         tokenizer,
@@ -110,18 +115,18 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
         calibration_records=calibration,
         extra={
             "benchmark": "fictitious_authors",
+            "benchmark_size": demo_args.size,
             "split": demo_args.split,
             "target_model": {k: v for k, v in learn_info.items() if k != "exact_match_history"},
         },
         dataset_names={
-            "forget": f"hf_unlearn fictitious authors / {demo_args.split}",
-            "retain": f"hf_unlearn fictitious authors / {retain_name}",
-            "calibration": "hf_unlearn fictitious authors / calibration",
+            part: f"hf_unlearn fictitious authors{sized} / {name}"
+            for part, name in (("forget", demo_args.split), ("retain", retain_name), ("calibration", "calibration"))
         },
     )
     # The target before unlearning (the trained one was changed in place), from the cache: the audit's relearning
     # reference and the reference attack's.
-    start_model = learn_target_model(cache_dir=demo_args.cache_dir, architecture=demo_args.architecture)[0]
+    start_model = learn_target_model(**learned)[0]
     if demo_args.audit and whole_model_here(trainer, "audit", "audit"):
         from ..robustness.audit import audit_markdown, audit_record_fields, run_audit
 
@@ -130,7 +135,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
             tokenizer,
             forget,
             retain,
-            load_split("holdout"),
+            load_split("holdout", **size),
             reference_model=reference_model,
             target_model=start_model,
         )
@@ -139,7 +144,9 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     trainer.record.update(
         evaluation={
             **trainer.record.evaluation,
-            "membership": membership_after(trainer.model, reference_model, start_model, tokenizer, demo_args.split),
+            "membership": membership_after(
+                trainer.model, reference_model, start_model, tokenizer, demo_args.split, **size
+            ),
         }
     )
     trainer.record.extra["forget_answers"] = answers_beside(trainer.model, reference_model, tokenizer, forget)

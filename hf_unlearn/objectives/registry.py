@@ -97,7 +97,7 @@ class Objective:
     (``option``: ``'forget_loss_kwargs'`` or ``'retain_loss_kwargs'``), wherever they are resolved; ``methods``: the
     ``UnlearnConfig.method`` names this forget objective defines, each with its retain objective (``"none"``: no retain
     term); ``forget_weight`` / ``retain_weight``: the weights a run with this forget objective gets unless it sets
-    them; ``stops_itself``: its methods stop on the violation rate by default (``stop_on_violation``);
+    them; ``stops_itself``: its methods stop on the violation rate by default (``stop_at_target``);
     ``normalized_by``: one of :data:`NORMALIZATIONS`; ``prepare(model, config)``: called once before training, before
     any weight changes, to refuse a model the objective cannot work with or to choose which parameters train (it may
     write the declared values it chose for the model into the config's kwargs, as RMU does with its layers);

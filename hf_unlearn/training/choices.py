@@ -57,14 +57,14 @@ def resolve_method(config: Any) -> None:
     'custom' when ``forget_loss`` is given, logged), the objectives' declared hyperparameters
     (``forget_loss_kwargs`` / ``retain_loss_kwargs``: a key the objective did not declare, or a bad value, is
     refused by name), and the
-    defaults the forget objective registered for ``forget_weight``, ``retain_weight`` and ``stop_on_violation``."""
+    defaults the forget objective registered for ``forget_weight``, ``retain_weight`` and ``stop_at_target``."""
     if config.method is None:
         config.method = CUSTOM_METHOD if config.forget_loss else "masc"
         if config.forget_loss:
             logger.warning(
                 f"UnlearnConfig: forget_loss={config.forget_loss!r} without a method, so method={CUSTOM_METHOD!r}: "
-                f"retain objective {config.retain_loss or 'none'!r}, stop_on_violation="
-                f"{bool(config.stop_on_violation)} (set method, retain_loss or stop_on_violation to choose)."
+                f"retain objective {config.retain_loss or 'none'!r}, stop_at_target="
+                f"{bool(config.stop_at_target)} (set method, retain_loss or stop_at_target to choose)."
             )
     if config.method == CUSTOM_METHOD and not config.forget_loss:
         raise ValueError(f"method={CUSTOM_METHOD!r} runs the objectives you name: set forget_loss (and retain_loss).")
@@ -91,10 +91,8 @@ def resolve_method(config: Any) -> None:
         config.forget_weight = objective.forget_weight if objective is not None else 1.0
     if config.retain_weight is None:
         config.retain_weight = objective.retain_weight if objective is not None else 1.0
-    if config.stop_on_violation is None:
-        config.stop_on_violation = (
-            config.method in METHODS and FORGET_OBJECTIVES[METHODS[config.method][0]].stops_itself
-        )
+    if config.stop_at_target is None:
+        config.stop_at_target = config.method in METHODS and FORGET_OBJECTIVES[METHODS[config.method][0]].stops_itself
 
 
 __all__ = [

@@ -68,7 +68,7 @@ class UnlearnConfig(MascArguments, TrainingArguments):
 
         method (`str` or `None`, *optional*, defaults to `None`):
             Unlearning method, one of the registered methods (`METHODS`): sets the forget and retain objectives.
-            `'custom'`: only `forget_loss` and `retain_loss` (default `'none'`), no stop unless `stop_on_violation`.
+            `'custom'`: only `forget_loss` and `retain_loss` (default `'none'`), no stop unless `stop_at_target`.
             `None`: `'masc'`, or `'custom'` when `forget_loss` is given.
         forget_loss (`str` or `None`, *optional*, defaults to `None`):
             Override the method's forget objective by its registered name (e.g. 'npo').
@@ -143,7 +143,7 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         default=None,
         metadata={
             "help": f"Unlearning method, one of {sorted(METHODS)}: sets the forget and retain objectives. "
-            f"'{CUSTOM_METHOD}': only forget_loss and retain_loss (default 'none'), no stop unless stop_on_violation. "
+            f"'{CUSTOM_METHOD}': only forget_loss and retain_loss (default 'none'), no stop unless stop_at_target. "
             f"Default: 'masc', or '{CUSTOM_METHOD}' when forget_loss is given."
         },
     )
@@ -214,7 +214,7 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         default=None,
         metadata={
             "help": "Total number of training epochs. Default: 3, except for a run that stops itself "
-            "(stop_on_violation) without max_steps, whose budget is self_stop_max_steps optimizer steps."
+            "(stop_at_target) without max_steps, whose budget is self_stop_max_steps optimizer steps."
         },
     )
     learning_rate: float = field(default=1e-4, metadata={"help": "The initial learning rate for AdamW."})

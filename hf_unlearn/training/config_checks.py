@@ -104,7 +104,7 @@ def complete_budget(config: Any) -> None:
     ``max_steps = self_stop_max_steps``."""
     if config.num_train_epochs is None:
         config.num_train_epochs = 3.0
-        if config.stop_on_violation and config.max_steps <= 0:
+        if config.stop_at_target and config.max_steps <= 0:
             # A run that stops itself needs room to get there: 3 epochs of a 10-example forget set are 9 steps.
             config.max_steps = config.self_stop_max_steps
             logger.info(

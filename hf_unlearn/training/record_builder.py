@@ -41,8 +41,7 @@ STOPPING_HYPERPARAMETERS = (
     "stop_probe",
     "holdout_fraction",
     "probe_size",
-    "hoeffding",
-    "hoeffding_delta",
+    "violation_bound_delta",
 )
 GUARD_HYPERPARAMETERS = ("utility_floor", "restore_on_failure")
 CONTINUATION_HYPERPARAMETERS = ("forget_scoring", "forget_scoring_kwargs")
@@ -58,7 +57,7 @@ def hyperparameters(args: Any, objectives: Sequence[Any]) -> dict[str, Any]:
         names.append("sam_rho")
     for objective in objectives:
         names += objective.hyperparameters
-    if args.stop_on_violation:
+    if args.stop_at_target:
         names += STOPPING_HYPERPARAMETERS
     if args.probe_interval > 0:
         names += GUARD_HYPERPARAMETERS
@@ -98,7 +97,7 @@ def beyond_paper(args: Any, objectives: Sequence[Any]) -> list[str]:
     """The run's settings that depart from its papers, in words: each objective's (its registration's
     ``beyond_paper``), then the stopping rule's (MASC's stop, §3, is a violation rate under alpha)."""
     departures = [departure for objective in objectives for departure in objective.beyond_paper(args)]
-    if not (args.stop_on_violation and args.probe_interval > 0):
+    if not (args.stop_at_target and args.probe_interval > 0):
         return departures
     if args.stop_target == "membership":
         departures.append(
@@ -143,7 +142,7 @@ def build_record(
         beyond_paper=beyond_paper(args, objectives),
         base_model=getattr(model.config, "_name_or_path", None) or None,
         adapter=adapter,
-        stopping_rule=bool(args.stop_on_violation and args.probe_interval > 0),
+        stopping_rule=bool(args.stop_at_target and args.probe_interval > 0),
         stopped_early=stopping.stopped_early,
         stop_kind=stop_kind(stopping, state),
         stop_reason=stop_reason(stopping, state, args, restored_step),

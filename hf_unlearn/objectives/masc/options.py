@@ -95,9 +95,9 @@ class MascArguments:
 
     > Parameters that control the stopping rule (§3, and the calibrated target)
 
-        stop_on_violation (`bool` or `None`, *optional*, defaults to `None`):
-            Stop training the first time the violation rate on the probe is <= stop_alpha. Default: True for a method
-            whose objective stops itself (masc), False otherwise (the rate is still logged).
+        stop_at_target (`bool` or `None`, *optional*, defaults to `None`):
+            Stop training at the first probe that meets stop_target. Default: True for a method whose objective stops
+            itself (masc), False otherwise (the probe still measures and logs).
         stop_target (`str`, *optional*, defaults to `"auto"`):
             When the run is done: 'alpha' (the forget violation rate <= stop_alpha), 'calibration' (the forget
             answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples of the
@@ -123,12 +123,12 @@ class MascArguments:
             (set it with stop_probe='train' to log both rates).
         probe_size (`int`, *optional*, defaults to `64`):
             At most this many forget (and retain) examples are probed each time.
-        hoeffding (`bool`, *optional*, defaults to `False`):
-            Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha.
-        hoeffding_delta (`float`, *optional*, defaults to `0.05`):
-            Confidence level delta of the Hoeffding check, union-bounded over probes.
+        violation_bound_delta (`float` or `None`, *optional*, defaults to `None`):
+            stop_target='alpha': stop only when the one-sided Hoeffding upper bound of the violation rate, at
+            confidence 1 - delta union-bounded over probes, is <= stop_alpha (e.g. 0.05). None: the rate itself, as in
+            the paper.
         self_stop_max_steps (`int`, *optional*, defaults to `1000`):
-            Budget of a run that stops itself (stop_on_violation) when neither max_steps nor num_train_epochs is given:
+            Budget of a run that stops itself (stop_at_target) when neither max_steps nor num_train_epochs is given:
             at most this many optimizer steps.
 
     > Parameters that guard the retain side
@@ -185,7 +185,7 @@ class MascArguments:
     )
 
     # Parameters that control the stopping rule (§3, and the calibrated target)
-    stop_on_violation: bool | None = field(
+    stop_at_target: bool | None = field(
         default=None,
         metadata={"help": "Stop once the probe meets the stop target. Default: True for masc, else False."},
     )
@@ -220,12 +220,12 @@ class MascArguments:
         default=64,
         metadata={"help": "At most this many forget (and retain) examples are probed each time."},
     )
-    hoeffding: bool = field(
-        default=False,
-        metadata={"help": "Stop only when the one-sided Hoeffding upper bound of the violation rate is <= alpha."},
-    )
-    hoeffding_delta: float = field(
-        default=0.05, metadata={"help": "Confidence level delta of the Hoeffding check, union-bounded over probes."}
+    violation_bound_delta: float | None = field(
+        default=None,
+        metadata={
+            "help": "stop_target='alpha': stop only when the violation rate's Hoeffding upper bound at confidence "
+            "1 - this (union-bounded over probes) is <= stop_alpha. None: the rate itself (the paper's)."
+        },
     )
     self_stop_max_steps: int = field(
         default=1000,
@@ -356,6 +356,14 @@ def check_stopping(config: Any) -> None:
     )
     if not 0.0 <= config.stop_alpha <= 1.0:
         raise ValueError(f"stop_alpha is a rate and must be in [0, 1], got {config.stop_alpha}.")
+    delta = config.violation_bound_delta
+    if delta is not None and not 0.0 < delta < 1.0:
+        raise ValueError(f"violation_bound_delta is 1 - a confidence level and must be in (0, 1), got {delta}.")
+    if delta is not None and config.stop_target not in ("alpha", "auto"):
+        raise ValueError(
+            f"violation_bound_delta bounds the violation rate (stop_target='alpha'); stop_target="
+            f"{config.stop_target!r} does not read it."
+        )
     if config.calibration_auc_slack is not None and not 0.0 <= config.calibration_auc_slack <= 0.5:
         raise ValueError(
             f"calibration_auc_slack is an AUC distance and must be in [0, 0.5], got {config.calibration_auc_slack}."
@@ -371,8 +379,8 @@ def check_stopping(config: Any) -> None:
         config.holdout_fraction = 0.1 if config.stop_probe == "holdout" else 0.0
     if config.stop_probe == "holdout" and config.holdout_fraction == 0:
         raise ValueError("stop_probe='holdout' needs holdout_fraction > 0.")
-    if config.stop_on_violation and config.probe_interval == 0:
-        raise ValueError("stop_on_violation needs probe_interval > 0.")
+    if config.stop_at_target and config.probe_interval == 0:
+        raise ValueError("stop_at_target needs probe_interval > 0.")
 
 
 def check_retain_guard(config: Any) -> None:

@@ -45,15 +45,15 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
     """Probe every ``probe_interval`` optimizer steps; stop at the first probe that meets the target, or as a failure
     when the retain side falls through the utility floor.
 
-    MASC §3 stopping rule: the violation rate is the mean over probe examples of the fraction of answer tokens
-    whose restricted margin exceeds tau; the run stops at the first probe where it is <= ``alpha``. With
-    ``hoeffding=True`` its one-sided Hoeffding upper bound ``rate + sqrt(log(1/delta_j) / 2n)``, ``delta_j = 6 delta /
-    (pi^2 (j+1)^2)``, must be instead. With ``target="calibration"`` (beyond the paper) the run stops once the forget
-    answers look no more familiar to the model than data of the same kind it never trained on (the calibration set):
-    the calibration gap, the mean excess of the forget set's sorted margins over the never-seen margins at the same
-    quantiles (:func:`~.calibration.calibration_gap`), is <= ``calibration_slack`` logits. With
-    ``target="membership"`` (beyond the paper) it stops once Min-K% (Shi et al. 2024) tells the forget answers from
-    the calibration answers no better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``).
+    MASC §3 stopping rule: the violation rate is the mean over probe examples of the fraction of answer tokens whose
+    restricted margin exceeds tau; the run stops at the first probe where it is <= ``alpha``. With
+    ``violation_bound_delta`` set, its one-sided Hoeffding upper bound ``rate + sqrt(log(1/delta_j) / 2n)``, ``delta_j
+    = 6 delta / (pi^2 (j+1)^2)``, must be instead. With ``target="calibration"`` (beyond the paper) the run stops once
+    the forget answers look no more familiar to the model than data of the same kind it never trained on (the
+    calibration set): the calibration gap, the mean excess of the forget set's sorted margins over the never-seen
+    margins at the same quantiles (:func:`~.calibration.calibration_gap`), is <= ``calibration_slack`` logits. With
+    ``target="membership"`` (beyond the paper) it stops once Min-K% (Shi et al. 2024) tells the forget answers from the
+    calibration answers no better than AUC ``0.5 - calibration_auc_slack`` (the probe's ``calibration_min_k_auc``).
     Both decide only on exact reads, both sets scored at the current weights as the evaluation scores them
     (:mod:`.stop_read`).
 
@@ -70,8 +70,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         alpha: float,
         probe_interval: int,
         stop: bool = True,
-        hoeffding: bool = False,
-        hoeffding_delta: float = 0.05,
+        violation_bound_delta: float | None = None,
         target: str = "alpha",
         calibration_slack: float = 0.0,
         utility_floor: float | None = None,
@@ -84,8 +83,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         self.alpha = alpha
         self.probe_interval = probe_interval
         self.stop = stop
-        self.hoeffding = hoeffding
-        self.hoeffding_delta = hoeffding_delta
+        self.violation_bound_delta = violation_bound_delta
         self.target = target
         self.calibration_slack = calibration_slack
         self.calibration_auc_slack = calibration_auc_slack
@@ -114,9 +112,8 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         return cls(
             alpha=args.stop_alpha,
             probe_interval=args.probe_interval,
-            stop=bool(args.stop_on_violation),
-            hoeffding=args.hoeffding,
-            hoeffding_delta=args.hoeffding_delta,
+            stop=bool(args.stop_at_target),
+            violation_bound_delta=args.violation_bound_delta,
             target=args.stop_target,
             calibration_slack=args.calibration_slack,
             utility_floor=floor,
@@ -145,8 +142,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
                 "alpha": self.alpha,
                 "probe_interval": self.probe_interval,
                 "stop": self.stop,
-                "hoeffding": self.hoeffding,
-                "hoeffding_delta": self.hoeffding_delta,
+                "violation_bound_delta": self.violation_bound_delta,
                 "target": self.target,
                 "calibration_slack": self.calibration_slack,
                 "utility_floor": self.utility_floor,
@@ -182,7 +178,7 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
             return float(measured.get("calibration_min_k_auc", -math.inf))
         if self.target == "calibration":
             return float(measured.get("calibration_gap", math.inf))
-        return bound if self.hoeffding else float(measured["violation_rate"])
+        return bound if self.violation_bound_delta is not None else float(measured["violation_rate"])
 
     def target_met(self, measured: dict[str, float], bound: float) -> bool:
         """Whether this probe meets the target: the statistic at or under its threshold (the AUC at or above it)."""
@@ -220,7 +216,9 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
         measured = self._probe()
         rate = float(measured["violation_rate"])
         threshold = self.threshold(measured)
-        bound = hoeffding_upper_bound(rate, int(measured["num_examples"]), self.probes_done, self.hoeffding_delta)
+        # Logged at delta 0.05 when the rule reads the rate itself, so the history always shows how sure a stop was.
+        delta = 0.05 if self.violation_bound_delta is None else self.violation_bound_delta
+        bound = hoeffding_upper_bound(rate, int(measured["num_examples"]), self.probes_done, delta)
         entry = {"step": state.global_step, **measured, "violation_upper_bound": bound, "stop_threshold": threshold}
         self.history.append(entry)
         self.probes_done += 1
@@ -254,7 +252,8 @@ class ViolationStoppingCallback(TrainerCallback, ExportableState):
             elif self.target == "calibration":
                 measure = "calibration gap (logits above never-seen data)"
             else:
-                measure = "upper bound of the violation rate" if self.hoeffding else "violation rate"
+                bounded = self.violation_bound_delta is not None
+                measure = "upper bound of the violation rate" if bounded else "violation rate"
             relation = ">=" if self.target == "membership" else "<="
             logger.info(
                 f"Unlearning target reached at step {step}: forget {measure} {statistic:.3f} {relation} "
@@ -314,7 +313,8 @@ def _target_reason(stopping: Any, args: Any, last: dict[str, Any]) -> str:
             f"{stopping.calibration_slack:g} logits; violation rate {stopping.last_violation_rate:.3f}, never-seen "
             f"{last.get('violation_rate_calibration', float('nan')):.3f})"
         )
-    measure = "upper confidence bound of the violation rate" if args.hoeffding else "violation rate"
+    bounded = args.violation_bound_delta is not None
+    measure = "upper confidence bound of the violation rate" if bounded else "violation rate"
     return (
         f"target reached: the {measure} of the {args.stop_probe} probe fell to alpha = {stopping.alpha:g} at "
         f"step {stopping.stop_step} (rate {stopping.last_violation_rate:.3f})"
@@ -324,7 +324,7 @@ def _target_reason(stopping: Any, args: Any, last: dict[str, Any]) -> str:
 def _budget_reason(stopping: Any, state: Any, args: Any, history: list[dict[str, Any]], restored: str) -> str:
     """The sentence of a run whose steps ran out, with what the rule last read against its target (a calibrated
     target: its last exact read)."""
-    if not (args.stop_on_violation and args.probe_interval > 0):
+    if not (args.stop_at_target and args.probe_interval > 0):
         return f"budget exhausted: all {state.max_steps} steps ran (no stopping rule){restored}"
     rate = stopping.last_violation_rate
     last = last_exact_read(history)

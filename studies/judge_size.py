@@ -1,0 +1,97 @@
+"""What the demo's verdict can judge at each size of the fictitious authors (issue 66, part 3).
+
+For each seed: run ``hf-unlearn demo --size SIZE --seed S`` (skipped where ``OUT/SIZE-seed-S`` already holds a run),
+then read its record: every attack's AUC difference to the never-trained model with the paired 95 % interval the
+verdict reads, the verdict, the stop and the seconds. Prints one JSON line per run and a Markdown table.
+
+    python studies/judge_size.py OUT --size judge --seeds 0 1 2 [--cache_dir C] [--reread]
+
+``--reread`` reads the membership verdict of the saved runs again with this checkout's code (the saved weights, the
+never-trained and start models from the cache) instead of taking the one in their records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+
+def run_demo(out: str, size: str, seed: int, cache_dir: str | None) -> None:
+    if os.path.exists(os.path.join(out, "unlearn_record.json")):
+        return
+    command = [sys.executable, "-m", "hf_unlearn.cli.main", "demo", "--size", size, "--seed", str(seed)]
+    command += ["--output_dir", out] + (["--cache_dir", cache_dir] if cache_dir else [])
+    subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=subprocess.DEVNULL)
+
+
+def reread(out: str, size: str, cache_dir: str | None) -> dict:
+    """The demo's membership read (:func:`~hf_unlearn.jobs.membership_after`) of the saved weights, now."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_unlearn.benchmarks import benchmark_size, learn_retain_only_model, learn_target_model
+    from hf_unlearn.jobs import membership_after
+
+    settings = benchmark_size(size)
+    never_trained, tokenizer = learn_retain_only_model("forget10", cache_dir, **settings)
+    start = learn_target_model(cache_dir=cache_dir, show_progress=False, **settings)[0]
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    return membership_after(model, never_trained, start, tokenizer, "forget10", **settings)
+
+
+def measure(out: str, membership: dict | None = None) -> dict:
+    with open(os.path.join(out, "unlearn_record.json")) as f:
+        record = json.load(f)
+    membership = membership or record["evaluation"]["membership"]
+    verdict = membership["membership"]
+    attacks = {
+        attack: {
+            "off": row["off"],
+            "half_width": (row["off_interval"][1] - row["off_interval"][0]) / 2,
+            "verdict": row["verdict"],
+        }
+        for attack, row in verdict["per_attack"].items()
+    }
+    return {
+        "stop_kind": record.get("stop_kind"),
+        "stop_step": record.get("stop_step"),
+        "landed": verdict["landed"],
+        "forget_rouge_l": record["after"]["forget"]["rouge_l_recall"],
+        "retain_rouge_l": record["after"]["retain"]["rouge_l_recall"],
+        "attacks": attacks,
+        "seconds": record["extra"]["demo_seconds"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir")
+    parser.add_argument("--size", default="judge")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--cache_dir", default=None)
+    parser.add_argument("--reread", action="store_true")
+    cli = parser.parse_args()
+    rows = []
+    for seed in cli.seeds:
+        out = os.path.join(cli.output_dir, f"{cli.size}-seed-{seed}")
+        run_demo(out, cli.size, seed, cli.cache_dir)
+        again = reread(out, cli.size, cli.cache_dir) if cli.reread else None
+        row = {"size": cli.size, "seed": seed, **measure(out, again)}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    attacks = list(rows[0]["attacks"])
+    header = [f"{a}: off ± paired 95 % (verdict)" for a in attacks]
+    print("\n| seed | stop | " + " | ".join(header) + " | membership landed | forget / retain ROUGE-L | s |")
+    print("|---" * (len(attacks) + 5) + "|")
+    for r in rows:
+        cells = [f"{r['attacks'][a]['off']:+.3f} ± {r['attacks'][a]['half_width']:.3f} ({r['attacks'][a]['verdict']})"
+                 for a in attacks]  # fmt: skip
+        stop = f"{r['stop_kind']} at {r['stop_step']}"
+        rouge = f"{r['forget_rouge_l']:.3f} / {r['retain_rouge_l']:.3f}"
+        print(f"| {r['seed']} | {stop} | " + " | ".join(cells) + f" | {r['landed']} | {rouge} | {r['seconds']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
