@@ -449,6 +449,9 @@ def test_push_refuses_a_run_its_record_does_not_call_forgotten(tmp_path, monkeyp
     assert reasons(evaluation={"membership": {"membership": landed}}) == []
     too_few = membership_verdict(measured, never, off_intervals={"loss": (-0.2, 0.24), "zlib": (-0.12, 0.22)})
     assert "Too few answers to judge 2 of 2" in reasons(evaluation={"membership": {"membership": too_few}})[0]
+    # the chronicles demo's verdict is its MUSE evaluation's after unlearning, which the card shows too
+    assert reasons(evaluation={"muse": {"after": {"membership": landed}}}) == []
+    assert "Too few answers" in reasons(evaluation={"muse": {"after": {"membership": too_few}}})[0]
     audit = {"verdicts": {
         "membership": {"passed": True, "finding": "alike", "threshold": ""},
         "quantization": {"passed": False, "finding": "NF4 brings 6 answers back", "threshold": ""},

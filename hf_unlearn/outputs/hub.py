@@ -43,8 +43,9 @@ def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) ->
 
 def unverified_reasons(model_dir: str) -> list[str]:
     """What in a saved run's own record says the forget set still tells, or was never judged: no record; a failed
-    run (the utility floor); the membership verdict (the audit's, else the demo's evaluation) not landed, or none at
-    all; a failed quantization verdict (forgotten answers back after a 4-bit reload). Empty when nothing does."""
+    run (the utility floor); the membership verdict (the audit's, else the demo's evaluation, else a MUSE
+    evaluation's after unlearning, as the card reads it) not landed, or none at all; a failed quantization verdict
+    (forgotten answers back after a 4-bit reload). Empty when nothing does."""
     if not os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
         return [f"{model_dir!r} holds no run record ({RECORD_FILE}), so nothing says what it forgot"]
     from ..evaluation.membership import membership_verdict_line
@@ -54,7 +55,11 @@ def unverified_reasons(model_dir: str) -> list[str]:
     if record.stop_kind == "utility_floor":
         reasons.append(f"the run failed ({record.stop_reason})")
     verdicts = (record.audit or {}).get("verdicts") or {}
-    evaluated = ((record.evaluation or {}).get("membership") or {}).get("membership")
+    evaluation = record.evaluation or {}
+    # the order the card reads them in (card_metadata.membership_source): the audit's, the demo's, a MUSE evaluation's
+    evaluated = (evaluation.get("membership") or {}).get("membership") or (
+        (evaluation.get("muse") or {}).get("after") or {}
+    ).get("membership")
     if "membership" in verdicts:
         if verdicts["membership"]["passed"] is not True:
             reasons.append(f"the audit's membership verdict: {verdicts['membership']['finding']}")
