@@ -6,7 +6,7 @@ alone and as a difference between two models read on the same answers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -102,6 +102,19 @@ def membership_auc(forget_scores: Sequence[float], holdout_scores: Sequence[floa
 
 #: The coverage of every membership AUC's interval.
 INTERVAL_LEVEL = 0.95
+
+#: The columns that name the unit an answer was drawn with (the author it is about), first found first: answers of one
+#: author share its name and familiarity, so intervals resample authors, not answers (:func:`_side_variance`).
+GROUP_COLUMNS = ("group", "author")
+
+
+def groups_of(records: Sequence[Mapping[str, Any]]) -> list[Any] | None:
+    """One group per record (its ``group``, else its ``author``: the first of :data:`GROUP_COLUMNS` every record
+    has), or None when they do not all name one: then each answer is its own draw."""
+    for column in GROUP_COLUMNS:
+        if records and all(column in record for record in records):
+            return [record[column] for record in records]
+    return None
 
 
 def _delong_components(
@@ -202,8 +215,10 @@ def paired_auc_difference(
 
 
 __all__ = [
+    "GROUP_COLUMNS",
     "INTERVAL_LEVEL",
     "answer_probabilities",
+    "groups_of",
     "leave_out_final",
     "membership_auc",
     "membership_auc_interval",

@@ -93,11 +93,11 @@ class ForgetMinKAtEachStep(TrainerCallback):
 
 def test_the_stop_reads_what_the_evaluation_reads_at_every_exact_read(tmp_path, monkeypatch):
     """A number that decides equals the number that judges: at every probe that reads exactly (here every probe), the
-    Min-K% AUC the membership stop acts on equals qa_membership_aucs over the same forget and calibration answers at
-    those weights, to 1e-6. The running read (the training forwards' window against the start's never-seen scores)
-    is not it: it differs from the evaluation's at some probe."""
+    Min-K% AUC the membership stop acts on, and its interval, equal qa_membership_reads' over the same forget and
+    calibration answers at those weights, to 1e-6. The running read (the training forwards' window against the
+    start's never-seen scores) is not it: it differs from the evaluation's at some probe."""
     from hf_unlearn.benchmarks import build_tokenizer, load_split, tiny_model
-    from hf_unlearn.evaluation.bundle import qa_membership_aucs
+    from hf_unlearn.evaluation.bundle import qa_membership_reads
     from hf_unlearn.objectives.masc import stop_read
 
     monkeypatch.setattr(stop_read, "EXACT_READ_EVERY", 1)
@@ -117,18 +117,20 @@ def test_the_stop_reads_what_the_evaluation_reads_at_every_exact_read(tmp_path, 
         def on_step_end(self, args, state, control, **kwargs):  # after the stopping callback's probe
             if state.global_step % 2 == 0:
                 model = trainer.accelerator.unwrap_model(trainer.model)
-                aucs = qa_membership_aucs(model, tokenizer, forget, calibration, attacks=("min_k",))
-                fresh_reads.append(aucs["min_k"])
+                read = qa_membership_reads(model, tokenizer, forget, calibration, attacks=("min_k",))
+                fresh_reads.append([read["auc"]["min_k"], *read["auc_interval"]["min_k"]])
                 model.train()
 
     trainer.add_callback(Evaluate())
     trainer.train()
     history = trainer.record.probe_history[1:]
     assert len(history) == 4 and all(h["stop_read_exact"] == 1.0 for h in history)
-    decided = [h["calibration_min_k_auc"] for h in history]
-    assert decided == pytest.approx(fresh_reads, abs=1e-6)
+    # the AUC and its interval, which both resample the 4 + 4 authors the answers are about
+    decided = [[h[f"calibration_min_k_auc{end}"] for end in ("", "_low", "_high")] for h in history]
+    assert sum(decided, []) == pytest.approx(sum(fresh_reads, []), abs=1e-6)
+    assert trainer.probes.sets.groups["calibration"] == [r["author"] for r in calibration]
     running = [h["running_calibration_min_k_auc"] for h in history]
-    assert max(abs(r - f) for r, f in zip(running, fresh_reads, strict=True)) > 0.01
+    assert max(abs(r - f[0]) for r, f in zip(running, fresh_reads, strict=True)) > 0.01
 
 
 def test_membership_target_stops_on_min_k_alone(tmp_path, memorized_llama_state):

@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..scores import (
+    GROUP_COLUMNS,
+    groups_of,
     membership_auc,
     membership_auc_interval,
     min_k_count,
@@ -330,21 +332,14 @@ def attack_scores(
 MEMBERSHIP_TOLERANCE = 0.1
 
 
-#: The columns that name the unit an answer was drawn with (the author it is about), first found first: answers of one
-#: author share its name and familiarity, so intervals resample authors, not answers (:func:`answer_groups`).
-GROUP_COLUMNS = ("group", "author")
-
-
 def answer_groups(records: Any) -> list[Any] | None:
-    """One group per record (its ``group``, else its ``author``), or None when the records name neither: then each
-    answer is its own draw. Works on a ``datasets.Dataset`` or a list of dicts."""
+    """One group per record (:func:`~hf_unlearn.scores.groups_of`: its ``group``, else its ``author``), or None when
+    the records name neither: then each answer is its own draw. Works on a ``datasets.Dataset`` or a list of dicts."""
     columns = getattr(records, "column_names", None)
-    if columns is None:
-        columns = list(records[0]) if len(records) else []
-    column = next((c for c in GROUP_COLUMNS if c in columns), None)
-    if column is None:
-        return None
-    return list(records[column]) if hasattr(records, "column_names") else [r[column] for r in records]
+    if columns is not None:
+        column = next((c for c in GROUP_COLUMNS if c in columns), None)
+        return None if column is None else list(records[column])
+    return groups_of(list(records))
 
 
 def membership_reads(

@@ -21,6 +21,7 @@ from transformers.utils import logging
 from ...data.pairing import model_inputs
 from ...scores import (
     answer_probabilities,
+    groups_of,
     leave_out_final,
     min_k_per_example,
     probabilities_of,
@@ -71,6 +72,10 @@ class ProbeSets:
     calibration: list[dict[str, Any]]
     #: every token id the trained forget answers score (``calibration_match='id_spread'``: the ids they share)
     forget_ids: torch.Tensor = dataclass_field(default_factory=lambda: torch.empty(0, dtype=torch.long))
+    #: the author (``group`` or ``author`` column) of each example of ``train``, ``holdout`` and ``calibration``, where
+    #: the data names one: the stop's interval resamples authors as the evaluation's does (:func:`~hf_unlearn.scores.
+    #: groups_of`)
+    groups: dict[str, list[Any] | None] = dataclass_field(default_factory=dict)
 
     @classmethod
     def sample(
@@ -89,16 +94,21 @@ class ProbeSets:
         ``forget_scoring='continuation'``, seeded by the example's index, else unchanged); every held-out forget
         example (``(index in the forget set, example)`` pairs)."""
         scored = sorted({t for i, e in enumerate(trained) for t in score(model_inputs(e), i)["labels"] if t >= 0})
+        train_rows = _sample_rows(trained, size, seed)
+        calibration_rows = (
+            _sample_rows(calibration, calibration_size or size, seed + 2) if calibration is not None else []
+        )
         return cls(
             forget_ids=torch.tensor(scored, dtype=torch.long),
-            train=[score(e, i) for i, e in enumerate(_sample(trained, size, seed))],
+            train=[score(model_inputs(e), i) for i, e in enumerate(train_rows)],
             holdout=[score(model_inputs(e), i) for i, e in held_out],
             retain=_sample(retain, size, seed + 1) if retain is not None else [],
-            calibration=(
-                [score(e, i) for i, e in enumerate(_sample(calibration, calibration_size or size, seed + 2))]
-                if calibration is not None
-                else []
-            ),
+            calibration=[score(model_inputs(e), i) for i, e in enumerate(calibration_rows)],
+            groups={
+                "train": groups_of(train_rows),
+                "holdout": groups_of([e for _, e in held_out]),
+                "calibration": groups_of(calibration_rows),
+            },
         )
 
 
@@ -113,9 +123,14 @@ def calibration_sample_size(args: Any) -> int:
     return args.probe_size * CALIBRATION_SIZE_FACTOR
 
 
-def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[dict[str, list[int]]]:
+def _sample_rows(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[Mapping[str, Any]]:
+    """Up to ``size`` rows of ``dataset``, seeded, in their order, with every column."""
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [model_inputs(dataset[i]) for i in sorted(order[:size])]
+    return [dataset[i] for i in sorted(order[:size])]
+
+
+def _sample(dataset: Sequence[Mapping[str, Any]], size: int, seed: int) -> list[dict[str, list[int]]]:
+    return [model_inputs(row) for row in _sample_rows(dataset, size, seed)]
 
 
 class ProbeState(KeptStates, ProbeCheckpointing):
@@ -340,7 +355,8 @@ class ProbeState(KeptStates, ProbeCheckpointing):
             return measured
         measured["calibration_gap"] = reference.gap(side)
         measured["calibration_min_k_auc"] = min_k_auc(side["min_k"], reference.min_k)
-        low, high = min_k_auc_interval(side["min_k"], reference.min_k)
+        groups = (self.sets.groups.get(stop_probe), self.sets.groups.get("calibration"))
+        low, high = min_k_auc_interval(side["min_k"], reference.min_k, *groups)
         measured["calibration_min_k_auc_low"], measured["calibration_min_k_auc_high"] = low, high
         self.stop_read.read(measured[STOP_STATISTICS[target]], running)
         return measured

@@ -45,9 +45,22 @@ def min_k_auc(forget: torch.Tensor, never_seen: torch.Tensor) -> float:
     return membership_auc(forget[~forget.isnan()].tolist(), never_seen[~never_seen.isnan()].tolist())
 
 
-def min_k_auc_interval(forget: torch.Tensor, never_seen: torch.Tensor) -> tuple[float, float]:
-    """The 95 % interval of :func:`min_k_auc` (:func:`~hf_unlearn.scores.membership_auc_interval`)."""
-    return membership_auc_interval(forget[~forget.isnan()].tolist(), never_seen[~never_seen.isnan()].tolist())
+def min_k_auc_interval(
+    forget: torch.Tensor,
+    never_seen: torch.Tensor,
+    forget_groups: Sequence[Any] | None = None,
+    never_seen_groups: Sequence[Any] | None = None,
+) -> tuple[float, float]:
+    """The 95 % interval of :func:`min_k_auc` (:func:`~hf_unlearn.scores.membership_auc_interval`), resampling the
+    answers' authors where both sides name them (as the evaluation's interval does), else the answers."""
+    kept = [~forget.isnan(), ~never_seen.isnan()]
+    groups = {}
+    if forget_groups is not None and never_seen_groups is not None:
+        groups = {
+            "forget_groups": [g for g, keep in zip(forget_groups, kept[0].tolist(), strict=True) if keep],
+            "holdout_groups": [g for g, keep in zip(never_seen_groups, kept[1].tolist(), strict=True) if keep],
+        }
+    return membership_auc_interval(forget[kept[0]].tolist(), never_seen[kept[1]].tolist(), **groups)
 
 
 def auc_with_interval(read: Mapping[str, Any]) -> str:
