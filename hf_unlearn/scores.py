@@ -6,7 +6,7 @@ alone and as a difference between two models read on the same answers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -108,11 +108,15 @@ INTERVAL_LEVEL = 0.95
 GROUP_COLUMNS = ("group", "author")
 
 
-def groups_of(records: Sequence[Mapping[str, Any]]) -> list[Any] | None:
+def groups_of(records: Any) -> list[Any] | None:
     """One group per record (its ``group``, else its ``author``: the first of :data:`GROUP_COLUMNS` every record
-    has), or None when they do not all name one: then each answer is its own draw."""
+    has), or None when they do not all name one: then each answer is its own draw. Takes a ``datasets.Dataset`` (read
+    by column) or a sequence of dicts."""
+    columns = getattr(records, "column_names", None)
     for column in GROUP_COLUMNS:
-        if records and all(column in record for record in records):
+        if columns is not None and column in columns:
+            return list(records[column])
+        if columns is None and len(records) and all(column in record for record in records):
             return [record[column] for record in records]
     return None
 
@@ -136,6 +140,14 @@ def _half_width(variance: float, level: float, groups: Sequence[Sequence[Any] | 
     counts = [len(np.unique(np.asarray(g))) for g in groups if g is not None]
     quantile = student_t.ppf(0.5 + level / 2, min(counts) - 1) if counts else norm.ppf(0.5 + level / 2)
     return float(quantile * math.sqrt(max(variance, 0.0)))
+
+
+def _both_or_neither(forget_groups: Any, holdout_groups: Any) -> tuple[Any, Any]:
+    """The groups of both sides, or neither: a side drawn by groups beside one drawn by answers would mix two kinds
+    of draw, so then both are read as answers."""
+    if forget_groups is None or holdout_groups is None:
+        return None, None
+    return forget_groups, holdout_groups
 
 
 def _side_variance(components: np.ndarray, groups: Sequence[Any] | None) -> float:
@@ -172,6 +184,7 @@ def membership_auc_interval(
     (:func:`_half_width`). NaN with fewer than two answers (or groups) of either kind."""
     if len(forget_scores) < 2 or len(holdout_scores) < 2:
         return float("nan"), float("nan")
+    forget_groups, holdout_groups = _both_or_neither(forget_groups, holdout_groups)
     auc, by_holdout, by_forget = _delong_components(forget_scores, holdout_scores)
     variance = _side_variance(by_holdout, holdout_groups) + _side_variance(by_forget, forget_groups)
     if math.isnan(variance):
@@ -205,6 +218,7 @@ def paired_auc_difference(
     difference = auc - reference
     if len(forget_scores) < 2 or len(holdout_scores) < 2:
         return difference, float("nan"), float("nan")
+    forget_groups, holdout_groups = _both_or_neither(forget_groups, holdout_groups)
     variance = _side_variance(by_holdout - reference_by_holdout, holdout_groups) + _side_variance(
         by_forget - reference_by_forget, forget_groups
     )

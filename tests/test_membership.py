@@ -423,8 +423,8 @@ def test_intervals_resample_authors_where_answers_share_one():
     import numpy as np
     from scipy.stats import norm, t
 
-    from hf_unlearn.evaluation.membership import answer_groups, membership_reads, paired_off_interval
-    from hf_unlearn.scores import membership_auc_interval, paired_auc_difference
+    from hf_unlearn.evaluation.membership import membership_reads, paired_off_interval
+    from hf_unlearn.scores import groups_of, membership_auc_interval, paired_auc_difference
 
     rng = np.random.default_rng(0)
     forget, holdout = rng.normal(0, 1, 30).tolist(), rng.normal(0.3, 1, 40).tolist()
@@ -458,20 +458,23 @@ def test_intervals_resample_authors_where_answers_share_one():
         low, high = membership_auc_interval(*sides_few, forget_groups=few, holdout_groups=few)
         covered_few += low <= 0.5 <= high
     assert covered_few / trials >= 0.91
-    assert all(np.isnan(v) for v in membership_auc_interval(forget, holdout, forget_groups=[0] * 30))  # one author
+    one_author = membership_auc_interval(forget, holdout, forget_groups=[0] * 30, holdout_groups=range(40))
+    assert all(np.isnan(v) for v in one_author)
+    # groups on one side only would mix two kinds of draw: both sides are then read as answers
+    assert membership_auc_interval(forget, holdout, forget_groups=[0] * 30) == plain
     with pytest.raises(ValueError, match="one group per answer"):
-        membership_auc_interval(forget, holdout, forget_groups=[0, 1])
+        membership_auc_interval(forget, holdout, forget_groups=[0, 1], holdout_groups=range(40))
     # records that name their author carry their groups into the scores, and the paired interval reads them
     records = [{"question": "q", "answer": "a", "author": f"A{i // 10}"} for i in range(250)]
-    assert answer_groups(records) == [r["author"] for r in records]
-    assert answer_groups([{"question": "q", "answer": "a"}]) is None
+    assert groups_of(records) == [r["author"] for r in records]
+    assert groups_of([{"question": "q", "answer": "a"}]) is None
     scores = {"loss": sides[0].tolist()}, {"loss": sides[1].tolist()}
-    grouped = membership_reads(*scores, answer_groups(records), answer_groups(records))
+    grouped = membership_reads(*scores, groups_of(records), groups_of(records))
     plain = membership_reads(*scores)
     # a reference that reads the authors its own way (the unlearned model still knows the forget authors' names)
     other = [rng.normal(0, 1, 25)[authors] + rng.normal(0, 1, 250) for _ in range(2)]
     reference = membership_reads({"loss": other[0].tolist()}, {"loss": other[1].tolist()})
-    assert grouped["scores"]["groups"]["forget"] == answer_groups(records) and "groups" not in plain["scores"]
+    assert grouped["scores"]["groups"]["forget"] == groups_of(records) and "groups" not in plain["scores"]
     widths = [np.diff(paired_off_interval(r["scores"], reference["scores"], "loss"))[0] for r in (grouped, plain)]
     assert widths[0] > 1.5 * widths[1]
 

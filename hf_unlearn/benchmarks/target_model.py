@@ -328,8 +328,6 @@ def learn_target_model(
         base_model=base_model,
         lora_r=lora_r,
     )
-    if base_model is not None and base_model not in PRETRAINED_BASES:
-        raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
     path = cache_path(cache_dir, "fictitious_authors", settings)
     cached = from_cache(path, show_progress)
     if cached is not None:
@@ -342,12 +340,9 @@ def learn_target_model(
         "num_holdout_authors": num_holdout_authors,
         "seed": benchmark_seed,
     }
-    records = generate_benchmark(**benchmark_kwargs)
-    learned = _learned_authors(records, learn_split, benchmark_kwargs)
-    corpus_kwargs = dict(benchmark_kwargs, num_calibration_authors=num_calibration_authors)
-    model, tokenizer = _start_model(base_model, architecture, seed, model_kwargs, lora_r, corpus_kwargs)
-    _check_pairs_fit(model, tokenizer, records)
-    train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
+    corpus = dict(benchmark_kwargs, num_calibration_authors=num_calibration_authors)  # every author, the tokenizer's
+    start_model = _start_model(base_model, architecture, seed, model_kwargs, lora_r, corpus)
+    learned, model, tokenizer, train = _what_to_learn(benchmark_kwargs, learn_split, start_model)
     stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
 
     return learn_into_cache(
@@ -363,6 +358,24 @@ def learn_target_model(
         batch_size=batch_size,
         seed=seed,
         show_progress=show_progress,
+    )
+
+
+def _what_to_learn(
+    size: Mapping[str, Any], learn_split: str, start: tuple[Any, Any]
+) -> tuple[list[dict[str, Any]], Any, Any, Dataset]:
+    """The records the target learns (``learn_split``'s authors of the benchmark :func:`generate_benchmark` makes with
+    ``size``), the ``start`` model and tokenizer (refused if the longest pair does not fit its positions), and the
+    tokenized training pairs."""
+    records = generate_benchmark(**size)
+    learned = _learned_authors(records, learn_split, size)
+    model, tokenizer = start
+    _check_pairs_fit(model, tokenizer, records)
+    return (
+        learned,
+        model,
+        tokenizer,
+        Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned]),
     )
 
 
@@ -413,6 +426,8 @@ def _start_model(
     if base_model is None:
         tokenizer = build_tokenizer(tokenizer_corpus(**benchmark_kwargs))
         model = tiny_model(tokenizer, architecture, seed=seed, **(model_kwargs or {}))
+    elif base_model not in PRETRAINED_BASES:  # before any learning: no cache entry can hold an unknown base
+        raise ValueError(f"Unknown base_model {base_model!r}; available: {', '.join(PRETRAINED_BASES)}.")
     else:
         model, tokenizer = PRETRAINED_BASES[base_model]()
         ensure_pad_token(tokenizer)

@@ -127,9 +127,10 @@ class DemoArguments:
     size: str = field(
         default="quick",
         metadata={
-            "help": "Size of the fictitious authors: quick (40 learned authors, 20 answers a side of the membership "
-            "attack, ~2 minutes; too few to judge most attacks at ±0.1) or judge (250 learned authors, 250 answers a "
-            "side, intervals near ±0.05; the first run learns its target and retain-only models)."
+            "help": "Size of the fictitious authors: quick (40 learned authors, 4 authors / 20 answers a side of the "
+            "membership attack, ~2 minutes; too few to judge any attack at ±0.1) or judge (250 learned authors, 25 "
+            "authors / 250 answers a side, intervals ±0.12-0.16 as they resample authors; the first run learns its "
+            "target and retain-only models, ~40 minutes)."
         },
     )
     architecture: str = field(default="llama", metadata={"help": "Tiny target model: llama, qwen2 or gpt2."})

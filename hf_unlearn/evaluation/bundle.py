@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.prompts import prompt_and_completion
-from .membership import ATTACKS, answer_groups, attack_reads, membership_reads, membership_scores
+from ..scores import groups_of
+from .membership import ATTACKS, attack_reads, membership_reads, membership_scores
 from .metrics import (
     evaluate_qa,
     forget_quality,
@@ -86,8 +87,8 @@ def qa_membership_reads(
     records name one (``group`` or ``author``)."""
     read = _records_scores(model, tokenizer, members, prompt_template, attacks, member_scores, reference_model)
     others = _qa_scores(model, tokenizer, non_members, prompt_template, attacks, reference_model)
-    # Records that name their author are drawn by author: the intervals resample authors (membership.answer_groups).
-    return membership_reads(read, others, answer_groups(members), answer_groups(non_members))
+    # Records that name their author are drawn by author: the intervals resample authors (scores.groups_of).
+    return membership_reads(read, others, groups_of(members), groups_of(non_members))
 
 
 def attack_scores(

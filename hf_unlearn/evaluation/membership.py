@@ -39,8 +39,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..scores import (
-    GROUP_COLUMNS,
-    groups_of,
     membership_auc,
     membership_auc_interval,
     min_k_count,
@@ -332,16 +330,6 @@ def attack_scores(
 MEMBERSHIP_TOLERANCE = 0.1
 
 
-def answer_groups(records: Any) -> list[Any] | None:
-    """One group per record (:func:`~hf_unlearn.scores.groups_of`: its ``group``, else its ``author``), or None when
-    the records name neither: then each answer is its own draw. Works on a ``datasets.Dataset`` or a list of dicts."""
-    columns = getattr(records, "column_names", None)
-    if columns is not None:
-        column = next((c for c in GROUP_COLUMNS if c in columns), None)
-        return None if column is None else list(records[column])
-    return groups_of(list(records))
-
-
 def membership_reads(
     member_scores: Mapping[str, Sequence[float]],
     other_scores: Mapping[str, Sequence[float]],
@@ -352,9 +340,6 @@ def membership_reads(
     (``auc_interval``; with groups, one per answer, it resamples groups: authors, not answers) and the scores it was
     read from (``scores``: ``{"forget": {attack: [...]}, "holdout": {...}}``, and ``"groups"`` when given), so that
     another model read on the same answers can be compared pairwise (:func:`paired_off_interval`)."""
-    if (member_groups is None) != (other_groups is None):
-        # a clustered side beside an unclustered one would mix two kinds of draw; read both as answers
-        member_groups = other_groups = None
     groups = {"forget_groups": member_groups, "holdout_groups": other_groups}
     read = {
         "auc": {attack: membership_auc(member_scores[attack], other_scores[attack]) for attack in member_scores},
@@ -367,7 +352,7 @@ def membership_reads(
             "holdout": {attack: list(other_scores[attack]) for attack in member_scores},
         },
     }
-    if member_groups is not None:
+    if member_groups is not None and other_groups is not None:  # both or neither, as the intervals read them
         read["scores"]["groups"] = {"forget": list(member_groups), "holdout": list(other_groups)}
     return read
 
@@ -527,7 +512,6 @@ __all__ = [
     "ATTACKS",
     "ATTACK_READS",
     "FORWARD_ATTACKS",
-    "GROUP_COLUMNS",
     "MEMBERSHIP_TOLERANCE",
     "TOO_FEW",
     "attack_reads",
@@ -535,7 +519,6 @@ __all__ = [
     "gradient_norms",
     "judge_difference",
     "membership_auc",
-    "answer_groups",
     "membership_reads",
     "membership_scores",
     "membership_verdict",

@@ -15,9 +15,9 @@ from datasets import Dataset
 
 from ..data.loaders import BENCHMARKS, MUSE_HUB_IDS, muse_evaluation_sets, tofu_evaluation_sets
 from ..data.prompts import PLAIN_PROMPT_TEMPLATE, prompt_and_completion
+from ..scores import groups_of
 from .membership import (
     ATTACKS,
-    answer_groups,
     attack_reads,
     membership_reads,
     membership_scores,
@@ -212,7 +212,7 @@ def evaluate_muse(
             )
             for name in ("privleak_forget", "privleak_holdout")
         )
-        groups = (answer_groups(sets[name]) for name in ("privleak_forget", "privleak_holdout"))
+        groups = (groups_of(sets[name]) for name in ("privleak_forget", "privleak_holdout"))
         result.update(membership_reads(members, others, *groups))
         # Which attacks still tell the forget set from never-seen data (each against the retrained model's AUC, or
         # 0.5 without one), read with the interval of the difference: the forget set counts as forgotten only when

@@ -55,7 +55,7 @@ def recorded_prompt_template(cli: Any, record: UnlearnRecord | None) -> str | No
 def recorded_size(record: UnlearnRecord | None) -> dict[str, int]:
     """The embedded benchmark's size settings a run learned on (its record's ``benchmark_size``, written by the demo),
     else the quick size's: what a check reads the embedded benchmark at."""
-    from ..benchmarks.fictitious_authors import benchmark_size
+    from ..benchmarks import benchmark_size
 
     return benchmark_size((record.extra.get("benchmark_size") if record is not None else None) or "quick")
 
@@ -275,6 +275,7 @@ def run_eval_job(cli: Any) -> dict:
     record = saved_record(cli.model_name_or_path)
     lm_eval = lm_eval_request(cli, cli.output_dir)  # a missing extra or unknown task: said before any work
     benchmark, split, forget_path, warnings = evaluation_target(cli, record)
+    size = recorded_size(record)  # the embedded benchmark's, read where benchmark == "embedded"
     user_data = {
         name: user_records(path, name, cli)
         for name, path in (("forget", forget_path), ("retain", cli.retain_data), ("holdout", cli.holdout_data))
@@ -291,7 +292,7 @@ def run_eval_job(cli: Any) -> dict:
     elif cli.reference_model:
         reference_model = load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
     elif benchmark == "embedded":
-        reference = embedded_reference(split, **recorded_size(record))
+        reference = embedded_reference(split, **size)
     sets = None
     if forget_path is not None:
         sets = qa_evaluation_sets(tokenizer, *user_data.values(), prompt_template=prompt_template)
@@ -305,7 +306,7 @@ def run_eval_job(cli: Any) -> dict:
     if benchmark == "embedded" and sets is None:
         from ..evaluation.suites import embedded_evaluation_sets
 
-        sets = embedded_evaluation_sets(split, **recorded_size(record))
+        sets = embedded_evaluation_sets(split, **size)
     for warning in warnings:
         logger.warning(warning)
     result = evaluate_benchmark(

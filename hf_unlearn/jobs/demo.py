@@ -81,8 +81,7 @@ def answers_beside(model: Any, never_trained: Any, tokenizer: Any, records: Any,
 
 def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     """The README's main job: learn the embedded benchmark, then forget its forget split."""
-    from ..benchmarks import learn_retain_only_model, learn_target_model, load_split, retain_split_for
-    from ..benchmarks.fictitious_authors import benchmark_size
+    from ..benchmarks import benchmark_size, learn_retain_only_model, learn_target_model, load_split, retain_split_for
     from ..evaluation.options import truth_ratios
 
     if demo_args.benchmark == "chronicles":

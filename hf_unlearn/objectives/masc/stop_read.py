@@ -54,12 +54,11 @@ def min_k_auc_interval(
     """The 95 % interval of :func:`min_k_auc` (:func:`~hf_unlearn.scores.membership_auc_interval`), resampling the
     answers' authors where both sides name them (as the evaluation's interval does), else the answers."""
     kept = [~forget.isnan(), ~never_seen.isnan()]
-    groups = {}
-    if forget_groups is not None and never_seen_groups is not None:
-        groups = {
-            "forget_groups": [g for g, keep in zip(forget_groups, kept[0].tolist(), strict=True) if keep],
-            "holdout_groups": [g for g, keep in zip(never_seen_groups, kept[1].tolist(), strict=True) if keep],
-        }
+
+    def scored(groups: Sequence[Any] | None, keep: torch.Tensor) -> list[Any] | None:
+        return None if groups is None else [g for g, k in zip(groups, keep.tolist(), strict=True) if k]
+
+    groups = {"forget_groups": scored(forget_groups, kept[0]), "holdout_groups": scored(never_seen_groups, kept[1])}
     return membership_auc_interval(forget[kept[0]].tolist(), never_seen[kept[1]].tolist(), **groups)
 
 
