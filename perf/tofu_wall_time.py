@@ -89,7 +89,8 @@ class Timeline(TrainerCallback):
 
 
 def run(options: argparse.Namespace) -> None:
-    """MASC with every default of the imported checkout on the saved target, timed from `train()` to its end."""
+    """MASC in the calibrated mode (the rest default) of the imported checkout on the saved target, timed from
+    `train()` to its end."""
     import hf_unlearn
 
     split = split_of(options.tofu_dir, options.author_offset)
@@ -100,7 +101,7 @@ def run(options: argparse.Namespace) -> None:
     args = UnlearnConfig(
         output_dir=options.output_dir, overwrite_output_dir=True, method="masc", seed=options.seed,
         per_device_train_batch_size=4, report_to="none", save_strategy="no", logging_strategy="no",
-        disable_tqdm=True,
+        disable_tqdm=True, masc_threshold="calibration", stop_target="membership",  # the calibrated mode
     )  # fmt: skip
     trainer = UnlearnTrainer(
         model=model, args=args, train_dataset=data["forget"], retain_dataset=data["retain"],

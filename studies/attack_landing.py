@@ -135,7 +135,7 @@ def main() -> None:
         options = dict(
             output_dir=f"/tmp/attack_landing/{seed}", overwrite_output_dir=True, report_to="none",
             save_strategy="no", learning_rate=cli.learning_rate, num_train_epochs=cli.num_train_epochs, seed=seed,
-            disable_tqdm=True, **overrides,
+            disable_tqdm=True, masc_threshold="calibration", stop_target="membership", **overrides,
         )  # fmt: skip
         if cli.no_stop:
             options.update(stop_at_target=False)

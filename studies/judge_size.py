@@ -4,7 +4,14 @@ For each seed: run ``hf-unlearn demo --size SIZE --seed S`` (skipped where ``OUT
 then read its record: every attack's AUC difference to the never-trained model with the paired 95 % interval the
 verdict reads, the verdict, the stop and the seconds. Prints one JSON line per run and a Markdown table.
 
-    python studies/judge_size.py OUT --size judge --seeds 0 1 2 [--cache_dir C] [--reread]
+    python studies/judge_size.py OUT --size judge --seeds 0 1 2 [--cache_dir C] [--reread] [--fluency]
+        [--demo_flags ...]
+
+``--fluency`` also reads the forget answers' fluency the way compare's region does (repetitive, empty, damaged and
+run-on shares and the NLL under the never-trained model, :func:`~hf_unlearn.evaluation.fluency.fluency_misses`, with
+the target's answers as the fluent level) and the never-trained model's own forget ROUGE-L, the level the region's
+forget ROUGE-L reads against. ``--demo_flags`` are passed to the demo as they are (e.g. ``--masc_threshold rho
+--stop_target alpha``: the paper's mode instead of the demo's calibrated one).
 
 ``--reread`` reads the membership verdict of the saved runs again with this checkout's code (the saved weights, the
 never-trained and start models from the cache) instead of taking the one in their records.
@@ -19,11 +26,11 @@ import subprocess
 import sys
 
 
-def run_demo(out: str, size: str, seed: int, cache_dir: str | None) -> None:
+def run_demo(out: str, size: str, seed: int, cache_dir: str | None, flags: list[str]) -> None:
     if os.path.exists(os.path.join(out, "unlearn_record.json")):
         return
     command = [sys.executable, "-m", "hf_unlearn.cli.main", "demo", "--size", size, "--seed", str(seed)]
-    command += ["--output_dir", out] + (["--cache_dir", cache_dir] if cache_dir else [])
+    command += ["--output_dir", out] + (["--cache_dir", cache_dir] if cache_dir else []) + flags
     subprocess.run(command, check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), stdout=subprocess.DEVNULL)
 
 
@@ -39,6 +46,32 @@ def reread(out: str, size: str, cache_dir: str | None) -> dict:
     start = learn_target_model(cache_dir=cache_dir, show_progress=False, **settings)[0]
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     return membership_after(model, never_trained, start, tokenizer, "forget10", **settings)
+
+
+def fluency(out: str, size: str, cache_dir: str | None) -> dict:
+    """The saved run's forget answers against the never-trained model's: fluency misses (empty where none) and both
+    forget ROUGE-L recalls."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_unlearn.benchmarks import benchmark_size, learn_retain_only_model, learn_target_model, load_split
+    from hf_unlearn.evaluation import evaluate_qa
+    from hf_unlearn.evaluation.fluency import answer_fluency, fluency_levels, fluency_misses
+
+    settings = benchmark_size(size)
+    never_trained, tokenizer = learn_retain_only_model("forget10", cache_dir, **settings)
+    target = learn_target_model(cache_dir=cache_dir, show_progress=False, **settings)[0]
+    forget = load_split("forget10", **settings)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    never_read = answer_fluency(never_trained, tokenizer, forget, reference_model=never_trained)
+    fluent = answer_fluency(target, tokenizer, forget, reference_model=never_trained)
+    read = answer_fluency(model, tokenizer, forget, reference_model=never_trained)
+    misses = fluency_misses(
+        read, never_read, fluent_nll=fluent["reference_nll"], levels=fluency_levels(fluent, never_read)
+    )
+    return {
+        "fluency_misses": misses,
+        "never_trained_forget_rouge_l": evaluate_qa(never_trained, tokenizer, forget)["rouge_l_recall"],
+    }
 
 
 def measure(out: str, membership: dict | None = None) -> dict:
@@ -72,13 +105,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--cache_dir", default=None)
     parser.add_argument("--reread", action="store_true")
+    parser.add_argument("--fluency", action="store_true")
+    parser.add_argument("--demo_flags", nargs=argparse.REMAINDER, default=[])
     cli = parser.parse_args()
     rows = []
     for seed in cli.seeds:
         out = os.path.join(cli.output_dir, f"{cli.size}-seed-{seed}")
-        run_demo(out, cli.size, seed, cli.cache_dir)
+        run_demo(out, cli.size, seed, cli.cache_dir, cli.demo_flags)
         again = reread(out, cli.size, cli.cache_dir) if cli.reread else None
         row = {"size": cli.size, "seed": seed, **measure(out, again)}
+        if cli.fluency:
+            row.update(fluency(out, cli.size, cli.cache_dir))
         print(json.dumps(row), flush=True)
         rows.append(row)
     attacks = list(rows[0]["attacks"])

@@ -111,6 +111,7 @@ def main(
         max_grad_norm=0.0,
         stop_alpha=0.3,
         stop_target=stop_target,
+        masc_threshold="calibration" if stop_target == "membership" else "rho",
         probe_size=16,
         probe_interval=2,
         max_steps=30,

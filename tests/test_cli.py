@@ -274,6 +274,30 @@ def test_demo_and_sequence_refuse_a_named_folder_that_holds_a_run(tmp_path, caps
     assert config.overwrite_output_dir
 
 
+def test_the_library_defaults_to_the_papers_mode_and_the_demo_asks_for_ours():
+    """UnlearnConfig's MASC defaults are the paper's mode (no calibration set read); the demo and the embedded
+    sequence ask for our calibrated mode by name (the Min-K% stop; the gap where a side has ten answers or fewer: the
+    chronicles, one author's request), and the demo's flags give the paper's mode back, reading no calibration set."""
+    from hf_unlearn import UnlearnConfig
+    from hf_unlearn.cli.arguments import DemoArguments, SequenceArguments
+    from hf_unlearn.cli.main import _parse, demo_defaults, sequence_defaults
+    from hf_unlearn.objectives.masc.options import reads_calibration
+
+    (library,) = _parse((UnlearnConfig,), ["--output_dir", "x"])
+    assert (library.masc_threshold, library.stop_target) == ("rho", "alpha") and not reads_calibration(library)
+    for argv, target in (([], "membership"), (["--benchmark", "chronicles"], "calibration")):
+        _, demo = _parse((DemoArguments, UnlearnConfig), argv, defaults=demo_defaults(argv))
+        assert (demo.masc_threshold, demo.stop_target) == ("calibration", target)
+    paper = ["--masc_threshold", "rho", "--stop_target", "alpha"]
+    _, demo = _parse((DemoArguments, UnlearnConfig), paper, defaults=demo_defaults(paper))
+    assert not reads_calibration(demo)
+    _, sequence = _parse((SequenceArguments, UnlearnConfig), [], defaults=sequence_defaults([]))
+    assert (sequence.masc_threshold, sequence.stop_target) == ("calibration", "calibration")
+    own = ["--model_name_or_path", "m"]
+    _, sequence = _parse((SequenceArguments, UnlearnConfig), own, defaults=sequence_defaults(own))
+    assert (sequence.masc_threshold, sequence.stop_target) == ("rho", "alpha")
+
+
 @pytest.mark.slow
 def test_chronicles_demo_runs_offline(tmp_path):
     """`hf-unlearn demo --benchmark chronicles`: learn the long-text corpus, forget two towns, MUSE's metrics."""

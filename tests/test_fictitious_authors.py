@@ -230,6 +230,19 @@ def test_learn_target_model_reaches_target_and_caches(tmp_path):
     assert not other["cached"] and other["path"] != info["path"]
 
 
+def test_two_callers_at_once_learn_the_model_once(tmp_path):
+    """Two threads ask for the same uncached model at once (as two processes of a study, or pytest-xdist's workers,
+    do): the cache's lock lets one learn while the other waits and then loads its entry."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kwargs = dict(cache_dir=tmp_path, num_authors=4, max_epochs=1, target_exact_match=0.0, show_progress=False)
+    kwargs["model_kwargs"] = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}
+    with ThreadPoolExecutor(2) as pool:
+        infos = [future.result()[2] for future in [pool.submit(learn_target_model, **kwargs) for _ in range(2)]]
+    assert sorted(info["cached"] for info in infos) == [False, True]
+    assert infos[0]["path"] == infos[1]["path"]
+
+
 def test_learning_through_lora_saves_a_merged_plain_model(tmp_path):
     kwargs = dict(cache_dir=tmp_path, num_authors=4, max_epochs=2, target_exact_match=0.0, show_progress=False)
     small = {"hidden_size": 32, "num_layers": 1, "num_heads": 2}

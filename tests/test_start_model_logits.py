@@ -150,12 +150,15 @@ def test_a_start_model_that_moves_is_not_kept():
     assert start_model_is_constant(make_tiny_model("llama"), separate_reference=True)
 
 
+# MASC in its calibrated mode (with a calibration set), where the rival KL reads the start model.
+CALIBRATED = {"masc": {"masc_threshold": "calibration"}}
+
 REFERENCE_READERS = sorted(
     name
     for name, objective in FORGET_OBJECTIVES.items()
     if not (objective.needs_hidden_states or objective.needs_refusal or objective.needs_alternate)
     and objective.needs_reference(unlearn_config("unused", method=name))
-) + ["masc"]  # MASC's defaults: the rival KL and the retain KL (the preference objectives read the start
+) + ["masc"]  # MASC's calibrated mode: the rival KL and the retain KL (the preference objectives read the start
 # model through the same call, on their paired batch too)
 
 
@@ -171,7 +174,7 @@ def test_training_equals_the_start_model_run_every_time(tmp_path, method):
         model = lora_model("llama")
         args = unlearn_config(
             tmp_path / f"{method}-{plain}", method=method, per_device_train_batch_size=4, num_train_epochs=3,
-            learning_rate=1e-2, probe_interval=0, stop_at_target=False, seed=0,
+            learning_rate=1e-2, probe_interval=0, stop_at_target=False, seed=0, **CALIBRATED.get(method, {}),
         )  # fmt: skip
         calibration = prefixed_examples(8, seed=2) if method == "masc" else None
         trainer = UnlearnTrainer(
@@ -229,7 +232,13 @@ def test_training_forward_from_the_answer_window_equals_the_whole_one(tmp_path, 
     loss and gradients equal those of the forward over the whole sequence, the head saw fewer positions and the
     model fewer tokens."""
     args = unlearn_config(
-        tmp_path, method=method, per_device_train_batch_size=4, probe_interval=0, stop_at_target=False, seed=0
+        tmp_path,
+        method=method,
+        per_device_train_batch_size=4,
+        probe_interval=0,
+        stop_at_target=False,
+        seed=0,
+        **CALIBRATED.get(method, {}),
     )
     calibration = prefixed_examples(8, seed=2) if method == "masc" else None
     model = without_dropout(lora_model(architecture))  # with dropout the prefix is not shared (one mask per row)

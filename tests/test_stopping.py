@@ -40,12 +40,12 @@ def test_calibrated_target_stops_where_the_forget_set_looks_never_seen(tmp_path,
 
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
-        config(tmp_path, stop_target="calibration", calibration_match=match),
+        config(tmp_path, stop_target="calibration", masc_threshold="calibration", calibration_match=match),
         FORGET,
         RETAIN,
         calibration_dataset=NEVER_SEEN,
     )
-    # 'auto' with calibration data: the hinge's thresholds from the never-seen margins.
+    # the calibrated mode: the hinge's thresholds from the never-seen margins.
     assert trainer.args.stop_target == "calibration" and trainer.args.masc_threshold == "calibration"
     trainer.train()
     record = trainer.record
@@ -106,7 +106,7 @@ def test_the_stop_reads_what_the_evaluation_reads_at_every_exact_read(tmp_path, 
     trainer = UnlearnTrainer(
         tiny_model(tokenizer, "llama"),
         config(tmp_path, max_steps=8, probe_interval=2, learning_rate=1e-2, stop_target="membership",
-               stop_at_target=False, per_device_train_batch_size=4),
+               masc_threshold="calibration", stop_at_target=False, per_device_train_batch_size=4),
         build_qa_dataset(forget, tokenizer), build_qa_dataset(load_split("retain90"), tokenizer),
         processing_class=tokenizer, calibration_dataset=build_qa_dataset(calibration, tokenizer),
     )  # fmt: skip
@@ -143,7 +143,7 @@ def test_membership_target_stops_on_min_k_alone(tmp_path, memorized_llama_state)
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
         config(tmp_path, max_steps=60, learning_rate=1e-3, probe_interval=1, stop_target="membership",
-               per_device_train_batch_size=8),
+               masc_threshold="calibration", per_device_train_batch_size=8),
         FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
     )  # fmt: skip
     assert trainer.args.calibration_auc_slack == 0.05 and trainer.args.masc_threshold == "calibration"
@@ -215,7 +215,7 @@ def test_membership_target_reads_the_auc_not_the_gap(measured, met):
 def test_membership_target_at_its_budget_says_what_the_auc_read(tmp_path, memorized_llama_state, caplog):
     trainer = UnlearnTrainer(
         fresh(memorized_llama_state),
-        config(tmp_path, max_steps=4, probe_interval=2, stop_target="membership"),
+        config(tmp_path, max_steps=4, probe_interval=2, stop_target="membership", masc_threshold="calibration"),
         FORGET, RETAIN, calibration_dataset=NEVER_SEEN,
     )  # fmt: skip
     with caplog.at_level(logging.WARNING):
@@ -250,53 +250,53 @@ def test_rho_hinge_cannot_reach_the_calibrated_target(tmp_path, memorized_llama_
     assert record.stop_reason.endswith(f"target {last['stop_threshold']:.3f})")
 
 
-def test_auto_is_the_min_k_stop_with_calibration_data_and_the_papers_without(tmp_path, memorized_llama_state, caplog):
-    """'auto' resolves for the data the trainer got: with a calibration set the Min-K% stop at AUC 0.45 and the
-    calibrated hinge with id_spread matching, when there are answers enough to read that AUC to within 0.1 (24 and
-    24: 0.084); with fewer (8 and 8: 0.149) the calibration gap, said in a warning; without a calibration set the
-    paper's fixed alpha and tau. A value given stays."""
-    from hf_unlearn.objectives.masc.options import membership_auc_spread
+def test_defaults_are_the_papers_mode_and_ours_is_asked_for_by_name(tmp_path, memorized_llama_state, caplog):
+    """The defaults are the paper's mode whole (fixed alpha and tau, no calibration set read). Ours is asked for by
+    name: with answers enough to read the Min-K% AUC to within 0.1 (24 and 24: 0.084) its slack is 0.05, the rival KL
+    5 and the matching id_spread; with fewer (8 and 8: 0.149) the Min-K% stop stays as asked and says in a warning
+    how coarsely it reads. A value given stays."""
+    from hf_unlearn.objectives.masc.options import CALIBRATED_MODE, membership_auc_spread
 
     def resolved(forget, calibration, **overrides):
         model = fresh(memorized_llama_state)
-        settings = config(tmp_path, **overrides)
+        settings = config(tmp_path, **{"masc_rival_kl": None, **overrides})
         return UnlearnTrainer(model, settings, forget, RETAIN, calibration_dataset=calibration).args
 
-    many = [make_example(i) for i in range(24)], [make_example(2000 + i) for i in range(24)]
-    assert membership_auc_spread(24, 24) < 0.1 < membership_auc_spread(8, 8)
-    with_data = resolved(*many)
-    assert (with_data.stop_target, with_data.masc_threshold) == ("membership", "calibration")
-    assert (with_data.calibration_auc_slack, with_data.calibration_match) == (0.05, "id_spread")
-    with caplog.at_level(logging.WARNING, logger="hf_unlearn"):
-        few = resolved(FORGET, NEVER_SEEN)
-    assert (few.stop_target, few.masc_threshold, few.calibration_auc_slack) == ("calibration", "calibration", None)
-    assert "8 forget and 8 calibration answers read its AUC only to ±0.15" in caplog.text
-    assert resolved(FORGET, NEVER_SEEN, stop_target="membership").stop_target == "membership"
+    assert (UnlearnConfig.stop_target, UnlearnConfig.masc_threshold) == ("alpha", "rho")
     without = resolved(FORGET, None)
     assert (without.stop_target, without.masc_threshold, without.calibration_auc_slack) == ("alpha", "rho", None)
-    given = resolved(*many, stop_target="calibration")
+    assert without.masc_rival_kl == 0.0
+    many = [make_example(i) for i in range(24)], [make_example(2000 + i) for i in range(24)]
+    assert membership_auc_spread(24, 24) < 0.1 < membership_auc_spread(8, 8)
+    ours = resolved(*many, **CALIBRATED_MODE)
+    assert (ours.stop_target, ours.masc_threshold) == ("membership", "calibration")
+    assert (ours.calibration_auc_slack, ours.calibration_match, ours.masc_rival_kl) == (0.05, "id_spread", 5.0)
+    with caplog.at_level(logging.WARNING, logger="hf_unlearn"):
+        few = resolved(FORGET, NEVER_SEEN, **CALIBRATED_MODE)
+    assert (few.stop_target, few.calibration_auc_slack) == ("membership", 0.05)
+    assert "8 forget against 8 calibration answers only to ±0.15" in caplog.text
+    given = resolved(*many, stop_target="calibration", masc_threshold="calibration")
     assert (given.stop_target, given.calibration_auc_slack) == ("calibration", None)
 
 
-def test_the_papers_threshold_by_name_is_the_papers_mode_whole(tmp_path, memorized_llama_state, caplog):
-    """masc_threshold='rho' asked for with a calibration set: the stop resolves to the paper's violation rate, and
-    the calibration set is read nowhere (no probe measures it), said in a warning. Asked for with the calibrated
-    stop, the set is used."""
+def test_a_calibration_set_nothing_reads_is_refused(tmp_path, memorized_llama_state):
+    """A calibration set given to the paper's mode (the defaults, or masc_threshold='rho' with stop_target='alpha')
+    is refused before any weight changes, naming the options that read one, instead of being silently ignored.
+    Either calibrated option alone reads it."""
     many = [make_example(i) for i in range(24)], [make_example(2000 + i) for i in range(24)]
-    with caplog.at_level(logging.WARNING, logger="hf_unlearn"):
-        trainer = UnlearnTrainer(
-            fresh(memorized_llama_state), config(tmp_path, masc_threshold="rho"), many[0], RETAIN,
-            calibration_dataset=many[1],
-        )  # fmt: skip
-    assert (trainer.args.stop_target, trainer.args.masc_threshold) == ("alpha", "rho")
-    assert not trainer.probes.sets.calibration
-    assert "the MASC paper's mode, which reads no never-seen data" in caplog.text
-    assert "violation_rate_calibration" not in trainer.probe()
-    calibrated = UnlearnTrainer(
-        fresh(memorized_llama_state), config(tmp_path, masc_threshold="rho", stop_target="membership"), many[0],
-        RETAIN, calibration_dataset=many[1],
-    )  # fmt: skip
-    assert calibrated.probes.sets.calibration
+    model = fresh(memorized_llama_state)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for settings in ({}, {"masc_threshold": "rho", "stop_target": "alpha"}):
+        with pytest.raises(ValueError, match="calibration_dataset is given, but masc_threshold='rho' with stop_targ"):
+            UnlearnTrainer(model, config(tmp_path, **settings), many[0], RETAIN, calibration_dataset=many[1])
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+    for settings in ({"masc_threshold": "calibration"}, {"stop_target": "membership"}):
+        calibrated = UnlearnTrainer(
+            fresh(memorized_llama_state), config(tmp_path, **settings), many[0], RETAIN, calibration_dataset=many[1]
+        )
+        assert calibrated.probes.sets.calibration
+    paper = UnlearnTrainer(fresh(memorized_llama_state), config(tmp_path), many[0], RETAIN)
+    assert not paper.probes.sets.calibration and "violation_rate_calibration" not in paper.probe()
 
 
 @pytest.mark.parametrize("target", ["calibration", "membership"])
@@ -475,7 +475,7 @@ def test_running_probe_saves_the_forward_passes(tmp_path, memorized_llama_state)
     for running in (True, False):
         trainer = UnlearnTrainer(
             fresh(memorized_llama_state),
-            config(tmp_path, max_steps=8, stop_target="calibration"),
+            config(tmp_path, max_steps=8, stop_target="calibration", masc_threshold="calibration"),
             FORGET,
             RETAIN,
             calibration_dataset=NEVER_SEEN,
@@ -518,6 +518,8 @@ def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_
     if calibrated == "rank":
         common["calibration_match"] = "rank"
     calibration = {"calibration_dataset": NEVER_SEEN} if calibrated else {}
+    if calibrated:  # the calibrated mode, by name (8 and 8 answers: the gap, unless the Min-K% stop is asked for)
+        common = {"masc_threshold": "calibration", "stop_target": "calibration", **common}
     first = UnlearnTrainer(
         fresh(memorized_llama_state), config(tmp_path / "a", **common), FORGET, RETAIN, **calibration
     )
@@ -546,8 +548,8 @@ def test_resume_between_probes_stops_at_the_same_step(tmp_path, memorized_llama_
 
 @pytest.mark.slow
 def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_examples(tmp_path):
-    """The embedded benchmark's calibration authors (never learned) give the stop its target (Min-K%, the default
-    with them); and with every default (lr 1e-4, no budget given) a 10-example forget set stops itself."""
+    """The embedded benchmark's calibration authors (never learned) give the stop its target (Min-K%, our calibrated
+    mode asked for by name); and with every default (lr 1e-4, no budget given) a 10-example forget set stops itself."""
     from hf_unlearn.benchmarks import learn_target_model, load_split
 
     model, tokenizer, _ = learn_target_model(show_progress=False)
@@ -555,11 +557,11 @@ def test_calibrated_stop_on_the_embedded_benchmark_and_default_budget_on_ten_exa
     retain = build_qa_dataset(load_split("retain90"), tokenizer)
     calibration = build_qa_dataset(load_split("calibration"), tokenizer)
     args = UnlearnConfig(output_dir=str(tmp_path / "cal"), learning_rate=3e-4, report_to="none", disable_tqdm=True,
-                         save_strategy="no")  # fmt: skip
+                         save_strategy="no", masc_threshold="calibration", stop_target="membership")  # fmt: skip
     trainer = UnlearnTrainer(model, args, forget, retain, processing_class=tokenizer, calibration_dataset=calibration)
     trainer.train()
     record = trainer.record
-    # 'auto' with a calibration set: the Min-K% stop, at AUC >= 0.45 against the calibration answers
+    # the calibrated mode: the Min-K% stop, at AUC >= 0.45 against the calibration answers
     assert record.stop_kind == "target" and record.hyperparameters["stop_target"] == "membership"
     last = record.probe_history[-1]
     assert last["calibration_min_k_auc"] >= 0.45 > record.probe_history[0]["calibration_min_k_auc"]
@@ -587,6 +589,8 @@ def test_masc_rival_kl_is_on_with_a_calibrated_threshold_and_off_with_the_papers
     def trainer(calibrated, **overrides):
         settings = {"retain_loss": "nll", "max_steps": 2, "masc_rival_kl": None, **overrides}
         never_seen = NEVER_SEEN if calibrated else None
+        if calibrated:
+            settings = {"masc_threshold": "calibration", "stop_target": "calibration", **settings}
         return UnlearnTrainer(
             fresh(memorized_llama_state), config(tmp_path, **settings), FORGET, RETAIN, calibration_dataset=never_seen
         )
@@ -667,7 +671,11 @@ def test_the_probes_read_every_calibration_answer_up_to_a_multiple_of_probe_size
 
     def calibration_inputs():
         trainer = UnlearnTrainer(
-            make_tiny_model(), config(tmp_path, probe_size=4), FORGET, RETAIN, calibration_dataset=NEVER_SEEN
+            make_tiny_model(),
+            config(tmp_path, probe_size=4, stop_target="calibration"),
+            FORGET,
+            RETAIN,
+            calibration_dataset=NEVER_SEEN,
         )
         return [e["input_ids"] for e in trainer.probes.sets.calibration]
 

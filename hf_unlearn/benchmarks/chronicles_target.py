@@ -30,6 +30,7 @@ from .target_model import (
     cache_path,
     from_cache,
     learn_into_cache,
+    learning_lock,
     tiny_model,
 )
 
@@ -157,15 +158,16 @@ def learn_chronicles_target_model(
     # Validate the split arguments (num_forget_subjects, counts) before looking at the cache.
     forget, retain, holdout = parts.split("forget"), parts.split("retain"), parts.split("holdout")
     path = cache_path(cache_dir, "chronicles", settings)
-    cached = from_cache(path, show_progress)
-    if cached is not None:
-        model, tokenizer, info = cached
-        if info["num_forget_subjects"] != num_forget_subjects:
-            # The same full model, cut into forget and retain towns differently: its per-part scores follow the cut.
-            info.update(_muse_scores(model, tokenizer, parts), num_forget_subjects=num_forget_subjects)
-        return model, tokenizer, info
+    with learning_lock(path):
+        cached = from_cache(path, show_progress)
+        if cached is not None:
+            model, tokenizer, info = cached
+            if info["num_forget_subjects"] != num_forget_subjects:
+                # The same full model cut into forget and retain towns differently: per-part scores follow the cut.
+                info.update(_muse_scores(model, tokenizer, parts), num_forget_subjects=num_forget_subjects)
+            return model, tokenizer, info
 
-    return _learn_chronicles(parts, forget, retain, holdout, path, settings, show_progress)
+        return _learn_chronicles(parts, forget, retain, holdout, path, settings, show_progress)
 
 
 def _learn_chronicles(

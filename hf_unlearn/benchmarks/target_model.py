@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import transformers
 from datasets import Dataset
+from filelock import FileLock
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -329,36 +330,38 @@ def learn_target_model(
         lora_r=lora_r,
     )
     path = cache_path(cache_dir, "fictitious_authors", settings)
-    cached = from_cache(path, show_progress)
-    if cached is not None:
-        return cached
+    with learning_lock(path):
+        cached = from_cache(path, show_progress)
+        if cached is not None:
+            return cached
 
-    start = time.perf_counter()
-    benchmark_kwargs = {
-        "num_authors": num_authors,
-        "questions_per_author": questions_per_author,
-        "num_holdout_authors": num_holdout_authors,
-        "seed": benchmark_seed,
-    }
-    corpus = dict(benchmark_kwargs, num_calibration_authors=num_calibration_authors)  # every author, the tokenizer's
-    start_model = _start_model(base_model, architecture, seed, model_kwargs, lora_r, corpus)
-    learned, model, tokenizer, train = _what_to_learn(benchmark_kwargs, learn_split, start_model)
-    stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
+        start = time.perf_counter()
+        benchmark_kwargs = {
+            "num_authors": num_authors,
+            "questions_per_author": questions_per_author,
+            "num_holdout_authors": num_holdout_authors,
+            "seed": benchmark_seed,
+        }
+        # every author, never-learned ones too, is in the tokenizer's corpus
+        corpus = dict(benchmark_kwargs, num_calibration_authors=num_calibration_authors)
+        start_model = _start_model(base_model, architecture, seed, model_kwargs, lora_r, corpus)
+        learned, model, tokenizer, train = _what_to_learn(benchmark_kwargs, learn_split, start_model)
+        stopper = _ExactMatchStopper(tokenizer, learned, target_exact_match, eval_every, batch_size=256)
 
-    return learn_into_cache(
-        model,
-        tokenizer,
-        train,
-        path,
-        settings,
-        partial(_summarize_authors, stopper, start, merge=lora_r > 0),
-        stopper,
-        max_epochs=max_epochs,
-        learning_rate=learning_rate,
-        batch_size=batch_size,
-        seed=seed,
-        show_progress=show_progress,
-    )
+        return learn_into_cache(
+            model,
+            tokenizer,
+            train,
+            path,
+            settings,
+            partial(_summarize_authors, stopper, start, merge=lora_r > 0),
+            stopper,
+            max_epochs=max_epochs,
+            learning_rate=learning_rate,
+            batch_size=batch_size,
+            seed=seed,
+            show_progress=show_progress,
+        )
 
 
 def _what_to_learn(
@@ -451,6 +454,19 @@ def cache_path(cache_dir: str | os.PathLike[str] | None, benchmark: str, setting
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     return root / benchmark / digest
+
+
+@contextlib.contextmanager
+def learning_lock(path: Path) -> Iterator[None]:
+    """Held while a process looks ``path`` up in the cache and, when it is absent, learns it: another process that
+    asks for the same settings meanwhile (two runs started at once, pytest-xdist's workers) waits, then loads the
+    entry instead of learning it a second time. The lock files (``filelock``, released when their process dies) are
+    kept in the cache's ``.locks`` folder, apart from the entries."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    locks = path.parent.parent / ".locks"
+    locks.mkdir(exist_ok=True)
+    with FileLock(str(locks / f"{path.parent.name}-{path.name}.lock")):
+        yield
 
 
 def from_cache(path: Path, show_progress: bool) -> tuple[PreTrainedModel, Any, dict[str, Any]] | None:

@@ -26,7 +26,15 @@ from ..data.examples import ensure_pad_token, tokenize_qa
 from ..data.loaders import load_tofu_folder
 from ..evaluation.metrics import default_max_new_tokens, generate_answers, rouge_l_recall
 from ..training.adapters import lora_config, with_adapter
-from .target_model import PRETRAINED_BASES, LearnStopper, cache_path, from_cache, learn_into_cache, tiny_model
+from .target_model import (
+    PRETRAINED_BASES,
+    LearnStopper,
+    cache_path,
+    from_cache,
+    learn_into_cache,
+    learning_lock,
+    tiny_model,
+)
 from .tokenizer import train_bpe_tokenizer
 
 #: The base models :func:`learn_tofu_target` knows by name; any other name is loaded as a local folder or Hub id.
@@ -167,32 +175,33 @@ def learn_tofu_target(
         "seed": seed,
     }
     path = cache_path(cache_dir, "tofu", settings)
-    cached = from_cache(path, show_progress=False)  # a bar while learning; a cached model loads in seconds
-    if cached is not None:
-        return cached
-    start = time.perf_counter()
-    all_rows = load_tofu_folder(tofu_dir)["authors"]
-    model, tokenizer = _base(base_model, [f"{r['question']} {r['answer']}" for r in all_rows], seed)
-    ensure_pad_token(tokenizer)
-    if lora_r > 0:
-        model = with_adapter(model, lora_config(lora_r, "all-linear", dropout=0.0))
-    train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
-    stopper = RougeStopper(tokenizer, learned, target_rouge_l, eval_every)
+    with learning_lock(path):
+        cached = from_cache(path, show_progress=False)  # a bar while learning; a cached model loads in seconds
+        if cached is not None:
+            return cached
+        start = time.perf_counter()
+        all_rows = load_tofu_folder(tofu_dir)["authors"]
+        model, tokenizer = _base(base_model, [f"{r['question']} {r['answer']}" for r in all_rows], seed)
+        ensure_pad_token(tokenizer)
+        if lora_r > 0:
+            model = with_adapter(model, lora_config(lora_r, "all-linear", dropout=0.0))
+        train = Dataset.from_list([tokenize_qa(tokenizer, r["question"], r["answer"]) for r in learned])
+        stopper = RougeStopper(tokenizer, learned, target_rouge_l, eval_every)
 
-    def summarize(trainer: Any, epochs: int) -> tuple[Any, dict[str, Any]]:
-        trained = trainer.model.merge_and_unload() if lora_r > 0 else trainer.model
-        return trained, {
-            "rouge_l_recall": stopper.final(trained, epochs),
-            "rouge_l_history": stopper.history,
-            "seconds": time.perf_counter() - start,
-            "authors": list(authors),
-        }
+        def summarize(trainer: Any, epochs: int) -> tuple[Any, dict[str, Any]]:
+            trained = trainer.model.merge_and_unload() if lora_r > 0 else trainer.model
+            return trained, {
+                "rouge_l_recall": stopper.final(trained, epochs),
+                "rouge_l_history": stopper.history,
+                "seconds": time.perf_counter() - start,
+                "authors": list(authors),
+            }
 
-    return learn_into_cache(
-        model, tokenizer, train, path, settings, summarize, stopper, max_epochs=max_epochs,
-        learning_rate=learning_rate, batch_size=batch_size, seed=seed, show_progress=show_progress,
-        description=f"Learning TOFU authors {', '.join(map(str, authors))}",
-    )  # fmt: skip
+        return learn_into_cache(
+            model, tokenizer, train, path, settings, summarize, stopper, max_epochs=max_epochs,
+            learning_rate=learning_rate, batch_size=batch_size, seed=seed, show_progress=show_progress,
+            description=f"Learning TOFU authors {', '.join(map(str, authors))}",
+        )  # fmt: skip
 
 
 def describe_split(split: TofuAuthorSplit) -> dict[str, list[int]]:

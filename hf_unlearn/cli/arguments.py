@@ -144,13 +144,6 @@ class DemoArguments:
             "against the benchmark's holdout authors) and add it to the report and card."
         },
     )
-    calibrate: bool = field(
-        default=True,
-        metadata={
-            "help": "Give the trainer the benchmark's calibration authors (never learned), so that stop_target='auto' "
-            "stops where the forget set looks as unfamiliar as they do. false: the fixed stop_alpha."
-        },
-    )
 
 
 @dataclass
@@ -171,8 +164,8 @@ class RunArguments(ModelArguments, QADataArguments, LoraArguments, LmEvalArgumen
         default=None,
         metadata={
             "help": "Never-trained examples of the same kind as the forget set (e.g. TOFU's holdout10 with "
-            "--calibration_subset): the stopping rule's calibrated target. Default: the forget data when "
-            "--calibration_subset is given."
+            "--calibration_subset), read by our calibrated mode (--masc_threshold calibration --stop_target "
+            "membership). Default: the forget data when --calibration_subset is given."
         },
     )
     calibration_subset: str | None = field(
@@ -224,7 +217,10 @@ class SequenceArguments(ModelArguments, QADataArguments, LoraArguments):
     )
     calibration_data: str | None = field(
         default=None,
-        metadata={"help": "Never-trained examples of the same kind (the calibrated stop). Default (embedded): yes."},
+        metadata={
+            "help": "Never-trained examples of the same kind, for the calibrated mode (masc_threshold/stop_target "
+            "calibration). Embedded: the benchmark's calibration authors, with that mode by default."
+        },
     )
     max_eval_examples: int = field(
         default=100, metadata={"help": "Measure at most this many examples of each set after every request."}
@@ -441,7 +437,10 @@ class CompareArguments:
     )
     calibrate: bool = field(
         default=True,
-        metadata={"help": "MASC gets the benchmark's calibration authors (never learned) and stops on them."},
+        metadata={
+            "help": "MASC runs in our calibrated mode (masc_threshold=calibration, stop_target=membership, beyond the "
+            "paper) against the benchmark's calibration authors (never learned); false: the paper's mode."
+        },
     )
     benchmark: str = field(
         default="embedded",

@@ -39,6 +39,7 @@ from transformers.utils import logging
 from ..evaluation.bundle import measure_qa_sets, qa_attack_scores, real_knowledge_utility
 from ..evaluation.fluency import answer_fluency, fluent_like
 from ..evaluation.membership import ATTACKS, membership_auc
+from ..objectives.masc.options import CALIBRATED_MODE
 from ..training.choices import BASELINES
 from ..training.config import UnlearnConfig
 from .compare_region import build_region, in_region, region_misses
@@ -299,6 +300,7 @@ class Race:
             per_device_train_batch_size=cli.per_device_train_batch_size,
         )
         self.masc_options = {
+            **(CALIBRATED_MODE if cli.calibrate else {}),  # ours, asked for by name (the paper's mode without)
             **parse_overrides(cli.masc_overrides),
             **{
                 key: value

@@ -9,6 +9,7 @@ from typing import Any
 
 from transformers.utils import logging
 
+from ..objectives.masc.options import reads_calibration
 from ..outputs.report import membership_section, write_report
 from ..training.config import UnlearnConfig
 from ..training.output_dir import prepare_output_dir
@@ -97,7 +98,7 @@ def run_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer:
     retain_name = retain_split_for(demo_args.split)
     retain = load_split(retain_name, **size)
     # Authors the target never saw (and not the holdout authors the membership attack uses): the calibrated target.
-    calibration = load_split("calibration", **size) if demo_args.calibrate else None
+    calibration = load_split("calibration", **size) if reads_calibration(config) else None
     # TOFU's forget quality compares with a model that never saw the forget split (learned once, cached).
     reference_model, reference_tokenizer = learn_retain_only_model(
         demo_args.split, demo_args.cache_dir, demo_args.architecture, **size
@@ -199,7 +200,7 @@ def run_chronicles_demo(demo_args: Any, config: UnlearnConfig) -> UnlearnTrainer
     retain = build_text_dataset(load_chronicles_split("retain"), tokenizer, name="retain")
     calibration = (
         build_text_dataset(load_chronicles_split("calibration"), tokenizer, name="calibration")
-        if demo_args.calibrate
+        if reads_calibration(config)
         else None
     )
     trainer = build_trainer(model, tokenizer, config, forget, retain, calibration)

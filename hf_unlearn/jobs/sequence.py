@@ -24,6 +24,7 @@ from ..data.examples import as_records_dataset, build_qa_dataset
 from ..data.loaders import load_records
 from ..data.prompts import describe_prompt_format
 from ..evaluation.bundle import measure_qa_sets
+from ..objectives.masc.options import reads_calibration
 from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
 from ..training.ledger import full_ledger, ledger_markdown, save_ledger
@@ -331,7 +332,7 @@ def run_sequence_job(sequence_args: Any, config: UnlearnConfig) -> Any:
             for name in authors[: sequence_args.num_requests]
         ]
         retain = load_split(retain_split_for(sequence_args.split))
-        calibration = load_split("calibration")
+        calibration = load_split("calibration") if reads_calibration(config) else None
         model, tokenizer, _ = learn_target_model(
             cache_dir=sequence_args.cache_dir, architecture=sequence_args.architecture
         )

@@ -99,8 +99,9 @@ def unlearn_and_report(
     With ``retain_only_truth_ratios`` (a retain-only model's forget-set truth ratios) and records that carry
     ``paraphrased_answer``/``perturbed_answer``, the record also has TOFU's forget quality before and after.
     ``dataset_names`` (``{"forget": ..., "retain": ..., "calibration": ...}``) names the datasets in the record and
-    the model card. ``calibration_records`` (never-trained examples of the same kind) give the stopping rule its
-    calibrated target (``stop_target='auto'``). ``prompt_template`` is the format the model learned its facts in
+    the model card. ``calibration_records`` (never-trained examples of the same kind) are what the calibrated mode
+    reads (``masc_threshold='calibration'``, ``stop_target='membership'`` or ``'calibration'``, asked for in
+    ``config``). ``prompt_template`` is the format the model learned its facts in
     (:mod:`hf_unlearn.data.prompts`). ``config.resume_from_checkpoint`` (a checkpoint folder, or ``"true"`` for the
     last one in ``output_dir``) resumes an interrupted run. ``earlier_requests``: the request ledger the model came
     with (default: what the trainer finds, :func:`earlier_requests_of` for a model loaded by name). ``lm_eval``: tasks

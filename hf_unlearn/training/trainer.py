@@ -68,7 +68,7 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
 
     Args:
         model: a causal LM (``PreTrainedModel``) or a PEFT model.
-        args: an :class:`UnlearnConfig` (not modified: the trainer resolves 'auto' settings on its own copy).
+        args: an :class:`UnlearnConfig` (not modified: the trainer fills in the settings left None on its own copy).
         train_dataset: the forget set, tokenized (``input_ids``, ``attention_mask``, ``labels`` with -100 on
             the prompt); see :func:`~hf_unlearn.data.examples.build_qa_dataset`.
         retain_dataset: the data to keep, same form; required by objectives with a retain term.
@@ -117,7 +117,7 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
             alternate_column=self.objective_kwargs["forget"].get("alternate_column"),
             forget_objective=args.objectives[0],
         )
-        args, calibration_dataset = resolved_for_run(args, train_dataset, calibration_dataset)
+        args = resolved_for_run(args, train_dataset, calibration_dataset)
         if processing_class is not None:
             ensure_pad_token(processing_class)
         model = self._prepare_model_and_reference(model, args, peft_config, ref_model)

@@ -8,11 +8,11 @@ Self-Correction", arXiv 2606.02920, 2026), in one place:
   decides on; :mod:`.kept_states`: the weights the utility floor may put back; :mod:`.probe_checkpoint`: what of it
   a checkpoint keeps);
 * :mod:`.stopping`: the online stopping rule and the utility floor, a ``TrainerCallback``;
-* :mod:`.options`: its parameters (:class:`MascArguments`, inherited by ``UnlearnConfig``), their checks, and what
-  ``'auto'`` resolves to for the data.
+* :mod:`.options`: its parameters (:class:`MascArguments`, inherited by ``UnlearnConfig``), and their checks.
 
-``UnlearnTrainer`` only wires these together. The paper's mode is ``masc_threshold='rho'`` (no calibration set read);
-ours, with a calibration set, is listed by :func:`masc_beyond_paper`."""
+``UnlearnTrainer`` only wires these together. The defaults are the paper's mode (``masc_threshold='rho'``,
+``stop_target='alpha'``: no calibration set read); ours, asked for by name with a calibration set
+(``masc_threshold='calibration'``, ``stop_target='membership'``), is listed by :func:`masc_beyond_paper`."""
 
 from . import loss  # noqa: F401  (registers the "masc" objective)
 from .calibration import (

@@ -1,8 +1,10 @@
 """MASC's options: the fields of :class:`MascArguments` (which :class:`~hf_unlearn.UnlearnConfig` inherits), the
-values each may take, their checks, and how ``'auto'`` resolves for the data a trainer got. The paper's mode and ours
-are two whole settings: ``masc_threshold='rho'`` reads no calibration set anywhere (its stop is the violation rate,
-arXiv 2606.02920 §3); with a calibration set, ``'auto'`` takes ours (each token's threshold and the stop from
-never-seen data, listed by :func:`~.loss.masc_beyond_paper`)."""
+values each may take, and their checks. The defaults are the paper's mode, whole: ``masc_threshold='rho'`` and
+``stop_target='alpha'`` read no calibration set (arXiv 2606.02920 §3). Ours is asked for by name:
+``masc_threshold='calibration'`` and ``stop_target='membership'`` (or ``'calibration'``) with a calibration set, each
+token's threshold and the stop from never-seen data (listed by :func:`~.loss.masc_beyond_paper`). Why the paper's
+mode is the default: no measurement says otherwise (docs/studies/judge_size.md: on data that chose nothing neither
+lands, ours under-unlearning and the paper's damaging), and ours needs a calibration set a default cannot assume."""
 
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ MARGIN_OPTIONS = (
 )
 
 STOP_PROBES = ("train", "holdout")
-STOP_TARGETS = ("auto", "alpha", "calibration", "membership")
-MASC_THRESHOLDS = ("auto", "rho", "calibration")
+STOP_TARGETS = ("alpha", "calibration", "membership")
+MASC_THRESHOLDS = ("rho", "calibration")
 MASC_HINGES = ("one_sided", "two_sided")
 CALIBRATION_MATCHES = ("rank", "id_spread")
 
@@ -62,11 +64,10 @@ class MascArguments:
             MASC: restricted-posterior threshold rho; the margin threshold is tau = log(rho/(1-rho)).
         masc_eta (`float`, *optional*, defaults to `0.5`):
             MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta.
-        masc_threshold (`str`, *optional*, defaults to `"auto"`):
-            MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. 'calibration':
-            each forget token's counterpart in the trainer's calibration_dataset (never trained on): the never-seen
-            margin at the token's rank, so margins go down to never-seen levels, not below. 'auto': 'calibration' when
-            the trainer has a calibration_dataset, else 'rho'.
+        masc_threshold (`str`, *optional*, defaults to `"rho"`):
+            MASC: the hinge's threshold tau. 'rho': log(rho/(1-rho)) for every token, as in the paper. 'calibration'
+            (beyond the paper; needs the trainer's calibration_dataset, never trained on): each forget token's
+            never-seen counterpart there (see calibration_match), so margins go down to never-seen levels, not below.
         masc_hinge (`str`, *optional*, defaults to `"two_sided"`):
             MASC with masc_threshold='calibration': 'one_sided' (the paper's hinge, pushing each token down to tau -
             eta) or 'two_sided' (beyond the paper: zero between tau - eta and tau, so a token stops at its never-seen
@@ -98,12 +99,12 @@ class MascArguments:
         stop_at_target (`bool` or `None`, *optional*, defaults to `None`):
             Stop training at the first probe that meets stop_target. Default: True for a method whose objective stops
             itself (masc), False otherwise (the probe still measures and logs).
-        stop_target (`str`, *optional*, defaults to `"auto"`):
-            When the run is done: 'alpha' (the forget violation rate <= stop_alpha), 'calibration' (the forget
-            answers' margins no higher than those of the trainer's calibration_dataset, never-trained examples of the
-            same kind: calibration gap <= calibration_slack), 'membership' (beyond the paper: Min-K% AUC of forget
-            against calibration answers >= 0.5 - calibration_auc_slack), or 'auto': 'membership' with a calibration
-            set and answers enough to read its AUC to within 0.1 (about 20 of each; else 'calibration'); else 'alpha'.
+        stop_target (`str`, *optional*, defaults to `"alpha"`):
+            When the run is done: 'alpha' (the paper's: the forget violation rate <= stop_alpha), 'calibration'
+            (beyond the paper: the forget answers' margins no higher than those of the trainer's calibration_dataset,
+            never-trained examples of the same kind: calibration gap <= calibration_slack) or 'membership' (beyond the
+            paper: Min-K% AUC of forget against calibration answers >= 0.5 - calibration_auc_slack; it reads that AUC
+            to within 0.1 only from about 20 answers of each, and warns with fewer).
         stop_alpha (`float`, *optional*, defaults to `0.2`):
             stop_target='alpha': stop once the violation rate of the probe <= alpha.
         calibration_slack (`float`, *optional*, defaults to `0.5`):
@@ -154,8 +155,8 @@ class MascArguments:
         default=0.5, metadata={"help": "MASC: hinge buffer eta; the hinge is relu(m-(tau-eta))/eta."}
     )
     masc_threshold: str = field(
-        default="auto",
-        metadata={"help": "MASC: the hinge's threshold: 'rho' (the paper's), 'calibration' (never-seen) or 'auto'."},
+        default="rho",
+        metadata={"help": "MASC: the hinge's threshold: 'rho' (the paper's) or 'calibration' (never-seen; ours)."},
     )
     masc_hinge: str = field(
         default="two_sided",
@@ -190,7 +191,8 @@ class MascArguments:
         metadata={"help": "Stop once the probe meets the stop target. Default: True for masc, else False."},
     )
     stop_target: str = field(
-        default="auto", metadata={"help": "When the run is done: 'alpha', 'calibration', 'membership' or 'auto'."}
+        default="alpha",
+        metadata={"help": "When the run is done: 'alpha' (the paper's), 'calibration' or 'membership' (beyond it)."},
     )
     stop_alpha: float = field(
         default=0.2, metadata={"help": "stop_target='alpha': stop once the violation rate of the probe <= alpha."}
@@ -254,13 +256,8 @@ class MascArguments:
 DEFAULT_MASC_RIVAL_KL = 5.0
 
 
-#: What ``'auto'`` resolves to with a calibration set: the Min-K% stop (beyond the paper), measured against the
-#: calibration gap's stop in docs/studies/masc_landing.md sections 12-15.
-AUTO_TARGETS = {"stop_target": "membership", "masc_threshold": "calibration"}
-
-
-#: 'auto' takes the Min-K% stop only when its AUC can be read to within the never-trained region's tolerance (0.1):
-#: with fewer answers (one author's five, a user's ten facts) the gap decides (docs/studies/masc_landing.md, 15).
+#: The Min-K% stop reads its AUC to within the never-trained region's tolerance (0.1) only from about 20 answers a
+#: side; with fewer (one author's five, a user's ten facts) it warns (docs/studies/masc_landing.md, 15).
 MEMBERSHIP_AUC_MAX_SPREAD = 0.1
 
 
@@ -270,15 +267,26 @@ def membership_auc_spread(forget_size: int, calibration_size: int) -> float:
     return math.sqrt((forget_size + calibration_size + 1) / (12 * forget_size * calibration_size))
 
 
+#: Ours, beyond the paper, as the demo and compare ask for it with a calibration set: each token's threshold and the
+#: Min-K% stop from never-seen data (docs/stopping.md). With fewer than about 20 answers a side (one author's ten
+#: facts, the chronicles' eight texts) the demo asks for the calibration gap instead (``stop_target='calibration'``).
+CALIBRATED_MODE = {"masc_threshold": "calibration", "stop_target": "membership"}
+
+
+def reads_calibration(args: Any) -> bool:
+    """Whether a run with ``args`` reads a calibration set (ours, beyond the paper): a calibrated threshold or a
+    calibrated stop."""
+    return args.masc_threshold == "calibration" or args.stop_target in ("calibration", "membership")
+
+
 def resolved_for_data(
     args: Any, has_calibration: bool, forget_size: int | None = None, calibration_size: int | None = None
 ) -> Any:
-    """A copy of ``args`` with ``stop_target`` and ``masc_threshold`` resolved for the data a trainer got ('auto':
-    'membership' / 'calibration' with a calibration set, else 'alpha' / 'rho'; the stop is the gap, 'calibration',
-    when ``forget_size`` forget and ``calibration_size`` calibration answers read an AUC no finer than
-    :data:`MEMBERSHIP_AUC_MAX_SPREAD`), and ``masc_rival_kl`` and ``calibration_auc_slack`` for them; the caller's
-    config is left as it was, so it can be reused for another run with other data. 'calibration' or 'membership'
-    without a calibration set is refused."""
+    """A copy of ``args`` with the settings whose default depends on another filled in: ``masc_rival_kl`` (5 with
+    ``masc_threshold='calibration'``, 0 with the paper's tau) and ``calibration_auc_slack`` (0.05 with the Min-K%
+    stop). The caller's config is left as it was. A calibrated setting without a calibration set is refused, a
+    calibration set that nothing reads too; the Min-K% stop warns when ``forget_size`` forget and
+    ``calibration_size`` calibration answers read its AUC no finer than :data:`MEMBERSHIP_AUC_MAX_SPREAD`."""
     if args.stop_target in ("calibration", "membership") and not has_calibration:
         raise ValueError(
             f"stop_target={args.stop_target!r} compares the forget set with data the model never trained on: pass "
@@ -289,33 +297,27 @@ def resolved_for_data(
             "masc_threshold='calibration' takes each token's threshold from data the model never trained on: "
             "pass calibration_dataset=..., or masc_threshold='rho'."
         )
-    resolved = copy.copy(args)
-    spread = membership_auc_spread(forget_size, calibration_size) if forget_size and calibration_size else 0.0
-    too_few = spread > MEMBERSHIP_AUC_MAX_SPREAD
-    # The paper's threshold asked for by name is the paper's mode, whole: its stop is the violation rate too, and
-    # it reads no calibration set (arXiv 2606.02920 §3).
-    paper_mode = args.masc_threshold == "rho"
-    for name, plain in (("stop_target", "alpha"), ("masc_threshold", "rho")):
-        if getattr(args, name) == "auto":
-            calibrated = "calibration" if name == "stop_target" and too_few else AUTO_TARGETS[name]
-            setattr(resolved, name, calibrated if has_calibration and not paper_mode else plain)
-            logger.info(f"UnlearnTrainer: {name}='auto' resolved to {getattr(resolved, name)!r}.")
-    if args.stop_target == "auto" and has_calibration and too_few and not paper_mode:
-        logger.warning(
-            f"UnlearnTrainer: stop_target='auto' resolved to 'calibration' (the calibration gap), not the Min-K% stop "
-            f"('membership'): {forget_size} forget and {calibration_size} calibration answers read its AUC only to "
-            f"±{spread:.2f}, wider than {MEMBERSHIP_AUC_MAX_SPREAD}. More of either (or stop_target='membership') "
-            "changes that."
+    if has_calibration and not reads_calibration(args):
+        raise ValueError(
+            f"calibration_dataset is given, but masc_threshold={args.masc_threshold!r} with stop_target="
+            f"{args.stop_target!r} is the MASC paper's mode, which reads no never-seen data: set "
+            "masc_threshold='calibration' and stop_target='membership' (or 'calibration') to use it, or leave it out."
         )
+    resolved = copy.copy(args)
+    if args.stop_target == "membership" and forget_size and calibration_size:
+        spread = membership_auc_spread(forget_size, calibration_size)
+        if spread > MEMBERSHIP_AUC_MAX_SPREAD:
+            logger.warning(
+                f"UnlearnTrainer: stop_target='membership' reads the Min-K% AUC of {forget_size} forget against "
+                f"{calibration_size} calibration answers only to ±{spread:.2f}, wider than "
+                f"{MEMBERSHIP_AUC_MAX_SPREAD}: more of either, or stop_target='calibration' (the calibration gap)."
+            )
     if resolved.stop_target == "membership" and args.calibration_auc_slack is None:
         resolved.calibration_auc_slack = DEFAULT_MEMBERSHIP_AUC_SLACK
-        logger.info(f"UnlearnTrainer: calibration_auc_slack=None resolved to {DEFAULT_MEMBERSHIP_AUC_SLACK}.")
     if args.masc_rival_kl is None:
         # Measured with the calibrated threshold only (docs/studies/masc_landing.md, section 4); the paper's fixed tau
         # pushes every margin below it, which the KL slows by far (the paper's mode stays the paper's).
         resolved.masc_rival_kl = DEFAULT_MASC_RIVAL_KL if resolved.masc_threshold == "calibration" else 0.0
-        if resolved.objectives[0] == "masc":
-            logger.info(f"UnlearnTrainer: masc_rival_kl=None resolved to {resolved.masc_rival_kl}.")
     return resolved
 
 
@@ -359,7 +361,7 @@ def check_stopping(config: Any) -> None:
     delta = config.violation_bound_delta
     if delta is not None and not 0.0 < delta < 1.0:
         raise ValueError(f"violation_bound_delta is 1 - a confidence level and must be in (0, 1), got {delta}.")
-    if delta is not None and config.stop_target not in ("alpha", "auto"):
+    if delta is not None and config.stop_target != "alpha":
         raise ValueError(
             f"violation_bound_delta bounds the violation rate (stop_target='alpha'); stop_target="
             f"{config.stop_target!r} does not read it."
@@ -392,20 +394,10 @@ def check_retain_guard(config: Any) -> None:
         )
 
 
-def resolved_for_run(args: Any, forget: Any, calibration: Any) -> tuple[Any, Any]:
+def resolved_for_run(args: Any, forget: Any, calibration: Any) -> Any:
     """``args`` resolved for a trainer's ``forget`` and ``calibration`` data (:func:`resolved_for_data`, reading as
-    many calibration answers as the probes measure), and the calibration data the run uses: none in the paper's
-    mode (``masc_threshold='rho'`` with the violation-rate stop), which reads no never-seen data (arXiv 2606.02920
-    §3)."""
+    many calibration answers as the probes measure)."""
     sizes = [len(data) if hasattr(data, "__len__") else None for data in (forget, calibration)]
     if sizes[1] is not None:
         sizes[1] = min(sizes[1], calibration_sample_size(args))  # the answers the probes measure
-    args = resolved_for_data(args, calibration is not None, *sizes)
-    if calibration is not None and args.masc_threshold == "rho" and args.stop_target == "alpha":
-        logger.warning(
-            "UnlearnTrainer: masc_threshold='rho' with stop_target='alpha' is the MASC paper's mode, which reads "
-            "no never-seen data: the calibration_dataset is not used (stop_target='membership' or "
-            "masc_threshold='calibration' would use it)."
-        )
-        calibration = None
-    return args, calibration
+    return resolved_for_data(args, calibration is not None, *sizes)
