@@ -274,6 +274,21 @@ def test_demo_and_sequence_refuse_a_named_folder_that_holds_a_run(tmp_path, caps
     assert config.overwrite_output_dir
 
 
+def test_a_calibration_set_the_papers_mode_does_not_read_is_refused_before_measuring(
+    tmp_path, capsys, local_model_and_data
+):
+    """`hf-unlearn run --calibration_data` with the library's defaults (the paper's mode, which reads none): one line
+    naming the options that read one, before the job measures anything (a measurement can take minutes)."""
+    root = local_model_and_data
+    argv = ["run", "--model_name_or_path", str(root / "model"), "--forget_data", str(root / "forget.json"),
+            "--retain_data", str(root / "retain.jsonl"), "--calibration_data", str(root / "forget.json"),
+            "--output_dir", str(tmp_path / "out"), "--max_steps", "2", "--report_to", "none"]  # fmt: skip
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "calibration_dataset is given, but masc_threshold='rho' with stop_target='alpha'" in err
+    assert "measuring before" not in err and not (tmp_path / "out" / "report.json").exists()
+
+
 def test_the_library_defaults_to_the_papers_mode_and_the_demo_asks_for_ours():
     """UnlearnConfig's MASC defaults are the paper's mode (no calibration set read); the demo and the embedded
     sequence ask for our calibrated mode by name (the Min-K% stop; the gap where a side has ten answers or fewer: the

@@ -24,7 +24,7 @@ from ..data.examples import as_records_dataset, build_qa_dataset
 from ..data.loaders import load_records
 from ..data.prompts import describe_prompt_format
 from ..evaluation.bundle import measure_qa_sets
-from ..objectives.masc.options import reads_calibration
+from ..objectives.masc.options import check_calibration_use, reads_calibration
 from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
 from ..training.ledger import full_ledger, ledger_markdown, save_ledger
@@ -130,6 +130,7 @@ def checked_request_sets(
         if calibration_records is not None
         else None
     )
+    check_calibration_use(config, calibration is not None)
     alternate_column = objective_hyperparameters(config, "forget").get("alternate_column")  # AltPO's
     for request, forget in zip(requests, forget_sets, strict=True):
         check_unlearning_data(

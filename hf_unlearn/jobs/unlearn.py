@@ -18,6 +18,7 @@ from transformers.utils import logging
 from ..data.examples import build_qa_dataset
 from ..data.loaders import load_records
 from ..data.prompts import describe_prompt_format
+from ..objectives.masc.options import check_calibration_use
 from ..outputs.report import forget_quality_line, lm_eval_section, report_table, write_report
 from ..training.adapters import lora_config
 from ..training.config import UnlearnConfig
@@ -120,6 +121,7 @@ def unlearn_and_report(
     forget = tokenized(forget_records, "forget")
     retain = tokenized(retain_records, "retain")
     calibration = tokenized(calibration_records, "calibration")
+    check_calibration_use(config, calibration is not None)  # before measuring: a measurement can take minutes
     eval_sets = {name: data for name, data in {"forget": forget, "retain": retain}.items() if data is not None}
     summaries: dict[str, dict] = {}
     utility: dict[str, dict] = {}

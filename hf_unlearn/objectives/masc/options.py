@@ -279,14 +279,10 @@ def reads_calibration(args: Any) -> bool:
     return args.masc_threshold == "calibration" or args.stop_target in ("calibration", "membership")
 
 
-def resolved_for_data(
-    args: Any, has_calibration: bool, forget_size: int | None = None, calibration_size: int | None = None
-) -> Any:
-    """A copy of ``args`` with the settings whose default depends on another filled in: ``masc_rival_kl`` (5 with
-    ``masc_threshold='calibration'``, 0 with the paper's tau) and ``calibration_auc_slack`` (0.05 with the Min-K%
-    stop). The caller's config is left as it was. A calibrated setting without a calibration set is refused, a
-    calibration set that nothing reads too; the Min-K% stop warns when ``forget_size`` forget and
-    ``calibration_size`` calibration answers read its AUC no finer than :data:`MEMBERSHIP_AUC_MAX_SPREAD`."""
+def check_calibration_use(args: Any, has_calibration: bool) -> None:
+    """Refuse a calibrated setting without a calibration set, and a calibration set that nothing reads (the paper's
+    mode), each naming the options that would fix it; jobs call it before any measurement, the trainer before any
+    weight changes."""
     if args.stop_target in ("calibration", "membership") and not has_calibration:
         raise ValueError(
             f"stop_target={args.stop_target!r} compares the forget set with data the model never trained on: pass "
@@ -303,6 +299,17 @@ def resolved_for_data(
             f"{args.stop_target!r} is the MASC paper's mode, which reads no never-seen data: set "
             "masc_threshold='calibration' and stop_target='membership' (or 'calibration') to use it, or leave it out."
         )
+
+
+def resolved_for_data(
+    args: Any, has_calibration: bool, forget_size: int | None = None, calibration_size: int | None = None
+) -> Any:
+    """A copy of ``args`` with the settings whose default depends on another filled in: ``masc_rival_kl`` (5 with
+    ``masc_threshold='calibration'``, 0 with the paper's tau) and ``calibration_auc_slack`` (0.05 with the Min-K%
+    stop). The caller's config is left as it was. A calibrated setting without a calibration set is refused, a
+    calibration set that nothing reads too; the Min-K% stop warns when ``forget_size`` forget and
+    ``calibration_size`` calibration answers read its AUC no finer than :data:`MEMBERSHIP_AUC_MAX_SPREAD`."""
+    check_calibration_use(args, has_calibration)
     resolved = copy.copy(args)
     if args.stop_target == "membership" and forget_size and calibration_size:
         spread = membership_auc_spread(forget_size, calibration_size)
