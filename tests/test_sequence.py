@@ -112,6 +112,29 @@ def test_bad_requests_are_refused_before_any_training(tmp_path, suppressed_setti
     assert not os.path.exists(tmp_path / "request_1")
 
 
+def test_a_calibration_set_the_papers_mode_does_not_read_is_refused_before_the_first_request(
+    tmp_path, suppressed_setting, monkeypatch
+):
+    """The library's defaults (the paper's mode) read no calibration set: given one, the sequence refuses before the
+    first request trains or is measured, naming the options that read one."""
+    from hf_unlearn.jobs import sequence
+
+    measured = []
+    monkeypatch.setattr(sequence, "measure_qa_sets", lambda *args, **kwargs: measured.append(1))
+    setting = suppressed_setting
+    model = copy.deepcopy(setting["target"])
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    requests = [("a", setting["forget"][:5]), ("b", setting["forget"][5:])]
+    with pytest.raises(ValueError, match="calibration_dataset is given, but masc_threshold='rho'"):
+        unlearn_sequentially(
+            model, setting["tokenizer"], requests, setting["retain"], config(tmp_path),
+            calibration_records=setting["holdout"],
+        )  # fmt: skip
+    assert not measured  # refused before the measurement that precedes the first request
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not os.path.exists(tmp_path / "request_1")
+
+
 def test_what_a_later_request_would_refuse_is_refused_before_the_first_trains(tmp_path, suppressed_setting):
     setting = suppressed_setting
     model = copy.deepcopy(setting["target"])
