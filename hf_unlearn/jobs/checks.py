@@ -262,13 +262,50 @@ def evaluation_target(
     return benchmark, split, None, warnings
 
 
+def _eval_reference(cli: Any, benchmark: str | None, split: str, size: dict) -> tuple[dict | None, Any]:
+    """What `hf-unlearn eval` compares with the model trained without the forget set: its saved evaluation
+    (--reference_eval, or the embedded benchmark's own retain-only model's), or that model to evaluate alongside
+    (--reference_model, as ``(model, tokenizer)``)."""
+    if cli.reference_eval:
+        with open(cli.reference_eval) as f:
+            return json.load(f), None
+    if cli.reference_model:
+        return None, load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
+    if benchmark == "embedded":
+        return embedded_reference(split, **size), None
+    return None, None
+
+
+def _eval_plots(cli: Any, result: dict, reference: dict | None) -> dict:
+    """The radar chart of ``result`` beside the evaluations of --compare_with, and the truth-ratio histogram beside
+    the reference's; their paths."""
+    from ..outputs.plots import plot_radar, plot_truth_ratio_histogram
+
+    others = {}
+    for item in cli.compare_with:
+        name, _, path = item.rpartition("=")
+        with open(path) as f:
+            others[name or os.path.basename(os.path.dirname(os.path.abspath(path)))] = json.load(f)
+    plots = {
+        "radar": plot_radar(
+            {os.path.basename(cli.model_name_or_path.rstrip("/")) or cli.model_name_or_path: result, **others},
+            os.path.join(cli.output_dir, "radar.png"),
+        )
+    }
+    ratios = {"evaluated model": result["forget_truth_ratios"]}
+    if reference and reference.get("forget_truth_ratios"):
+        ratios["model trained without the forget set"] = reference["forget_truth_ratios"]
+    if result["forget_truth_ratios"]:
+        plots["truth_ratios"] = plot_truth_ratio_histogram(ratios, os.path.join(cli.output_dir, "truth_ratios.png"))
+    return plots
+
+
 def run_eval_job(cli: Any) -> dict:
     """`hf-unlearn eval`: TOFU- and MUSE-style evaluation of a model on the user's own data or a benchmark; eval.json,
     eval.md, a radar chart and truth-ratio histograms. The model trained without the forget set comes from
     --reference_eval, --reference_model or, on the embedded benchmark, its own retain-only model."""
     cli.require_model("eval")
     from ..evaluation.suites import evaluate_benchmark, qa_evaluation_sets
-    from ..outputs.plots import plot_radar, plot_truth_ratio_histogram
 
     if cli.reference_eval and cli.reference_model:
         raise ValueError("Pass --reference_eval or --reference_model, not both.")
@@ -284,15 +321,7 @@ def run_eval_job(cli: Any) -> dict:
     model, tokenizer = load_model_and_tokenizer(
         cli.model_name_or_path, cli.trust_remote_code, base_model=cli.base_model
     )
-    reference = None
-    reference_model = None
-    if cli.reference_eval:
-        with open(cli.reference_eval) as f:
-            reference = json.load(f)
-    elif cli.reference_model:
-        reference_model = load_model_and_tokenizer(cli.reference_model, cli.trust_remote_code)
-    elif benchmark == "embedded":
-        reference = embedded_reference(split, **size)
+    reference, reference_model = _eval_reference(cli, benchmark, split, size)
     sets = None
     if forget_path is not None:
         sets = qa_evaluation_sets(tokenizer, *user_data.values(), prompt_template=prompt_template)
@@ -332,25 +361,7 @@ def run_eval_job(cli: Any) -> dict:
         reference = dict(result.pop("reference"), model=cli.reference_model)
         with open(os.path.join(cli.output_dir, "reference_eval.json"), "w") as f:
             json.dump(reference, f, indent=2)
-    plots = {}
-    if "forget" in result:
-        others = {}
-        for item in cli.compare_with:
-            name, _, path = item.rpartition("=")
-            with open(path) as f:
-                others[name or os.path.basename(os.path.dirname(os.path.abspath(path)))] = json.load(f)
-        plots["radar"] = plot_radar(
-            {os.path.basename(cli.model_name_or_path.rstrip("/")) or cli.model_name_or_path: result, **others},
-            os.path.join(cli.output_dir, "radar.png"),
-        )
-        ratios = {"evaluated model": result["forget_truth_ratios"]}
-        if reference and reference.get("forget_truth_ratios"):
-            ratios["model trained without the forget set"] = reference["forget_truth_ratios"]
-        if result["forget_truth_ratios"]:
-            plots["truth_ratios"] = plot_truth_ratio_histogram(
-                ratios, os.path.join(cli.output_dir, "truth_ratios.png")
-            )
-    result["plots"] = plots
+    result["plots"] = _eval_plots(cli, result, reference) if "forget" in result else {}
     with open(os.path.join(cli.output_dir, "eval.json"), "w") as f:
         json.dump(result, f, indent=2)
     markdown = evaluation_markdown(result)
