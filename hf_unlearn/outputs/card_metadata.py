@@ -40,16 +40,21 @@ def _interval(values: Any) -> list[float] | None:
     return None if low is None or high is None else [low, high]
 
 
-def membership_source(record: UnlearnRecord) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
-    """Where the record's membership verdict is, the measurement it judged and the verdict: the audit's, else the
-    demo's evaluation, else a MUSE evaluation's (after unlearning); None when the run was never judged."""
+def membership_places(record: UnlearnRecord) -> tuple[tuple[str, dict[str, Any] | None, str], ...]:
+    """Where a record may hold its membership measurement, ``(source, measured, key of its verdict)``, in the order the
+    card and `push` read them: the audit's, the demo's evaluation, a MUSE evaluation's after unlearning."""
     evaluation = record.evaluation or {}
-    candidates = (
+    return (
         ("audit", (record.audit or {}).get("membership"), "attacks"),
         ("evaluation", evaluation.get("membership"), "membership"),
         ("muse", (evaluation.get("muse") or {}).get("after"), "membership"),
     )
-    for source, measured, key in candidates:
+
+
+def membership_source(record: UnlearnRecord) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """Where the record's membership verdict is, the measurement it judged and the verdict: the first of
+    :func:`membership_places` with both; None when the run was never judged."""
+    for source, measured, key in membership_places(record):
         if measured and measured.get("auc") and measured.get(key):
             return source, measured, measured[key]
     return None
@@ -163,6 +168,7 @@ __all__ = [
     "UNLEARNING_SCHEMA",
     "eval_results",
     "is_hub_id",
+    "membership_places",
     "membership_rows",
     "unlearning_block",
 ]

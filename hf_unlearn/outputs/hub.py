@@ -49,17 +49,22 @@ def unverified_reasons(model_dir: str) -> list[str]:
     if not os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
         return [f"{model_dir!r} holds no run record ({RECORD_FILE}), so nothing says what it forgot"]
     from ..evaluation.membership import membership_verdict_line
+    from .card_metadata import membership_places
 
     record = UnlearnRecord.load(model_dir)
     reasons = []
     if record.stop_kind == "utility_floor":
         reasons.append(f"the run failed ({record.stop_reason})")
     verdicts = (record.audit or {}).get("verdicts") or {}
-    evaluation = record.evaluation or {}
-    # the order the card reads them in (card_metadata.membership_source): the audit's, the demo's, a MUSE evaluation's
-    evaluated = (evaluation.get("membership") or {}).get("membership") or (
-        (evaluation.get("muse") or {}).get("after") or {}
-    ).get("membership")
+    # the audit's verdicts come first; else the evaluation's verdict, read where the card reads it
+    evaluated = next(
+        (
+            measured[key]
+            for source, measured, key in membership_places(record)
+            if source != "audit" and measured and measured.get(key)
+        ),
+        None,
+    )
     if "membership" in verdicts:
         if verdicts["membership"]["passed"] is not True:
             reasons.append(f"the audit's membership verdict: {verdicts['membership']['finding']}")
