@@ -180,9 +180,11 @@ def sequence_defaults(argv: list[str]) -> dict[str, Any]:
     budget of 160-240 steps, which a freshly learned target's first request used up at calibration gap 0.633 (slack
     0.5); a request gets the step budget of any run that stops itself (self_stop_max_steps). A model of the user's
     keeps UnlearnConfig's."""
+    from ..objectives.masc.options import CALIBRATED_MODE
+
     embedded = not any(arg.partition("=")[0] == "--model_name_or_path" for arg in expanded_argv(argv))
     defaults = {key: value for key, value in DEMO_DEFAULTS.items() if key != "num_train_epochs"}
-    defaults.update(output_dir="hf-unlearn-sequence", masc_threshold="calibration", stop_target="calibration")
+    defaults.update(CALIBRATED_MODE, output_dir="hf-unlearn-sequence", stop_target="calibration")
     if not embedded:
         defaults = {key: defaults[key] for key in ("output_dir", "report_to", "save_strategy")}
     return own_folder_defaults(argv, defaults)
