@@ -1,5 +1,8 @@
-"""A small unlearning run for the distributed tests:
-`torchrun --nproc_per_node N tests/distributed_job.py OUT SURGERY GLOBAL_BATCH [--backend ddp|fsdp2|zero3] ...`.
+"""Small unlearning runs for the distributed tests: `torchrun --nproc_per_node N tests/distributed_job.py JOBS.json`,
+where JOBS.json maps a job's name to its arguments (`SURGERY GLOBAL_BATCH [--backend ddp|fsdp2|zero3] ...`). The
+jobs run one after another in the same processes, each into the folder of its name beside JOBS.json: one launch
+(the interpreter, torch, transformers and the process group start once, ~12 s of a launch against well under a
+second of training) serves every run a test file compares.
 
 Every rank writes what it ended with (stop step, probe history, first gradient, final weights, gathered from the
 shards under FSDP2/ZeRO-3) so the test can compare ranks with each other and with a single-process run on the same
@@ -178,7 +181,6 @@ def main(
     else:
         weights = {k: full(v).detach().contiguous() for k, v in unwrapped.state_dict().items()}
     save_file(weights, os.path.join(out_dir, f"rank{rank}.safetensors"))
-    torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
 
 
 def _local_numel(param) -> int:
@@ -189,9 +191,8 @@ def _local_numel(param) -> int:
     return param.numel()
 
 
-if __name__ == "__main__":
+def job_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    parser.add_argument("out_dir")
     parser.add_argument("surgery")
     parser.add_argument("global_batch", type=int)
     parser.add_argument("--backend", default="ddp", choices=sorted(BACKENDS))
@@ -201,6 +202,19 @@ if __name__ == "__main__":
     parser.add_argument("--optim", default="adamw_torch")
     parser.add_argument("--learning_rate", type=float, default=3e-3)
     parser.add_argument("--stop_target", default="alpha", choices=["alpha", "membership"])
-    options = parser.parse_args()
-    main(options.out_dir, options.surgery, options.global_batch, options.backend, options.accumulation,
-         options.retain_loss, options.dtype, options.optim, options.learning_rate, options.stop_target)  # fmt: skip
+    return parser
+
+
+if __name__ == "__main__":
+    import sys
+
+    jobs_file = sys.argv[1]
+    with open(jobs_file) as f:
+        jobs = json.load(f)
+    for name, argv in jobs.items():
+        o = job_parser().parse_args(argv)
+        out_dir = os.path.join(os.path.dirname(jobs_file), name)
+        os.makedirs(out_dir, exist_ok=True)
+        main(out_dir, o.surgery, o.global_batch, o.backend, o.accumulation, o.retain_loss, o.dtype, o.optim,
+             o.learning_rate, o.stop_target)  # fmt: skip
+    torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None

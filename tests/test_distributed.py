@@ -35,17 +35,14 @@ WEIGHT_TOLERANCE = dict(rtol=1e-9, atol=1e-11)
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun", options=()):
+def launch(out_dir, processes, jobs, launcher="torchrun"):
+    """Run ``jobs`` ({name: distributed_job.py arguments}) one after another in one launch of ``processes``
+    processes; {name: [(result, weights) of each rank]}."""
     os.makedirs(out_dir, exist_ok=True)
-    command = [
-        sys.executable,
-        *LAUNCHERS[launcher](processes),
-        os.path.join(HERE, "distributed_job.py"),
-        str(out_dir),
-        surgery,
-        str(global_batch),
-        *options,
-    ]
+    jobs_file = os.path.join(out_dir, "jobs.json")
+    with open(jobs_file, "w") as f:
+        json.dump(jobs, f)
+    command = [sys.executable, *LAUNCHERS[launcher](processes), os.path.join(HERE, "distributed_job.py"), jobs_file]
     env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if completed.returncode != 0 and GLOO_TEARDOWN_ABORT in completed.stderr:
@@ -55,20 +52,68 @@ def launch(out_dir, processes, surgery, global_batch=4, launcher="torchrun", opt
         # decides.
         completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-4000:]
-    results = []
-    for rank in range(processes):
-        with open(os.path.join(out_dir, f"rank{rank}.json")) as f:
-            result = json.load(f)
-        result["grads"] = load_file(os.path.join(out_dir, f"rank{rank}_grads.safetensors"))
-        results.append((result, load_file(os.path.join(out_dir, f"rank{rank}.safetensors"))))
-    return results
+    runs = {}
+    for name in jobs:
+        runs[name] = []
+        for rank in range(processes):
+            folder = os.path.join(out_dir, name)
+            with open(os.path.join(folder, f"rank{rank}.json")) as f:
+                result = json.load(f)
+            result["grads"] = load_file(os.path.join(folder, f"rank{rank}_grads.safetensors"))
+            runs[name].append((result, load_file(os.path.join(folder, f"rank{rank}.safetensors"))))
+    return runs
+
+
+# DeepSpeed trains in float32 whatever it is given. AdamW's first steps turn float32 rounding differences of near-zero
+# gradients into learning-rate-sized steps (measured: 3e-6 apart on AVX2 kernels, 5.6e-3 on the DEFAULT ones), so the
+# ZeRO-3 comparison runs with plain SGD, which carries them linearly: measured within 1.1e-6 (AVX2) and 1.8e-6
+# (DEFAULT kernels) of one process after 8 steps, 2026-12-01.
+FLOAT32_SGD = ["--dtype", "float32", "--optim", "sgd", "--learning_rate", "0.03"]
+FSDP2 = ["--backend", "fsdp2"]
+# Every run the tests compare, grouped by launch: (processes, launcher, {job: distributed_job.py arguments}). The
+# single-process references share one launch; so do the runs of one backend and launcher.
+LAUNCHES = {
+    "one": (1, "torchrun", {
+        "sum": ["sum", "4"],
+        "sago": ["sago", "4"],
+        "membership": ["sum", "4", "--stop_target", "membership"],
+        "pcgrad-kl": ["pcgrad", "4", "--retain_loss", "kl"],
+        "sum-kl-float32-sgd": ["sum", "4", "--retain_loss", "kl", *FLOAT32_SGD],
+    }),
+    "torchrun": (2, "torchrun", {
+        "sum": ["sum", "4"],
+        "sago": ["sago", "4"],
+        "membership": ["sum", "4", "--stop_target", "membership"],
+    }),
+    "accelerate": (2, "accelerate", {"sum": ["sum", "4"]}),
+    "fsdp2": (2, "torchrun", {
+        "sago": ["sago", "4", *FSDP2],
+        "pcgrad-kl-accumulation": ["pcgrad", "4", *FSDP2, "--retain_loss", "kl", "--accumulation", "2"],
+    }),
+    "zero3": (2, "torchrun", {"sum-kl-float32-sgd": ["sum", "4", "--backend", "zero3", "--retain_loss", "kl",
+                                                     *FLOAT32_SGD]}),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """``launched(group)``: the runs of one of LAUNCHES, launched the first time a test asks for them."""
+    runs = {}
+
+    def get(group):
+        if group not in runs:
+            processes, launcher, jobs = LAUNCHES[group]
+            runs[group] = launch(tmp_path_factory.mktemp(group), processes, jobs, launcher)
+        return runs[group]
+
+    return get
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("surgery", "launcher"), [("sum", "torchrun"), ("sago", "torchrun"), ("sum", "accelerate")])
-def test_two_processes_match_one_process(tmp_path, surgery, launcher):
-    two = launch(tmp_path / "two", 2, surgery, launcher=launcher)
-    ((one_result, one_weights),) = launch(tmp_path / "one", 1, surgery)
+def test_two_processes_match_one_process(launched, surgery, launcher):
+    two = launched(launcher)[surgery]
+    ((one_result, one_weights),) = launched("one")[surgery]
     (rank0, weights0), (rank1, weights1) = two
     assert rank0["stop_step"] is not None, rank0["history"]
     assert rank0["stop_step"] == rank1["stop_step"] == one_result["stop_step"]
@@ -84,22 +129,6 @@ def test_two_processes_match_one_process(tmp_path, surgery, launcher):
         torch.testing.assert_close(weights0[name], tensor, **WEIGHT_TOLERANCE)
 
 
-@pytest.fixture(scope="module")
-def one_process_runs(tmp_path_factory):
-    """Single-process runs on the same global batch, launched once per (surgery, retain loss) and shared."""
-    runs = {}
-
-    def run(surgery, retain_loss, *options):
-        key = (surgery, retain_loss, *options)
-        if key not in runs:
-            out = tmp_path_factory.mktemp(f"one-{surgery}-{retain_loss}")
-            ((result, weights),) = launch(out, 1, surgery, options=["--retain_loss", retain_loss, *options])
-            runs[key] = (result, weights)
-        return runs[key]
-
-    return run
-
-
 def assert_ranks_agree(two):
     (rank0, weights0), (rank1, weights1) = two
     assert rank0["stop_step"] is not None, rank0["history"]
@@ -109,24 +138,19 @@ def assert_ranks_agree(two):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("surgery", "retain_loss", "accumulation"),
-    [("sago", "nll", 1), ("pcgrad", "kl", 2)],
-    ids=["sago", "pcgrad-kl-accumulation"],
-)
-def test_fsdp2_trainer_matches_one_process(tmp_path, one_process_runs, surgery, retain_loss, accumulation):
+@pytest.mark.parametrize(("job", "reference"), [("sago", "sago"), ("pcgrad-kl-accumulation", "pcgrad-kl")])
+def test_fsdp2_trainer_matches_one_process(launched, job, reference):
     """Trainer under FSDP2 (fully_shard, DTensor gradients, 2 gloo processes): gradient surgery is combined shard by
     shard, the KL reference is sharded like the model, and both ranks probe, stop and update as one process does on
     the same global batch; with gradient accumulation too (each micro-batch's forget and retain gradients are
     reduce-scattered apart, not mixed in FSDP2's unsharded accumulators)."""
-    options = ["--backend", "fsdp2", "--retain_loss", retain_loss, "--accumulation", str(accumulation)]
-    two = launch(tmp_path, 2, surgery, options=options)
-    one, one_weights = one_process_runs(surgery, retain_loss)
+    two = launched("fsdp2")[job]
+    ((one, one_weights),) = launched("one")[reference]
     assert_ranks_agree(two)
     (rank0, weights0), _ = two
     assert rank0["is_fsdp2"] and rank0["sharded_parameters"]
     assert rank0["stop_step"] == one["stop_step"]
-    if retain_loss == "kl":
+    if "kl" in job:
         # Each process holds about half of the frozen reference (its shards), not a whole copy.
         assert rank0["reference_local_numel"] < 0.6 * rank0["reference_numel"], rank0
     # ... and about half of the weights, gradients, AdamW moments and surgery buffers one process holds.
@@ -141,19 +165,14 @@ def test_fsdp2_trainer_matches_one_process(tmp_path, one_process_runs, surgery, 
 
 
 @pytest.mark.slow
-def test_deepspeed_zero3_partitions_the_reference_and_matches_one_process(tmp_path, one_process_runs):
+def test_deepspeed_zero3_partitions_the_reference_and_matches_one_process(launched):
     """DeepSpeed ZeRO-3 on 2 CPU processes with the KL reference, the model loaded already partitioned
     (from_pretrained under zero.Init): the reference is copied partition-wise and partitioned like the model (an
     inference-only engine), and the run stops and ends where one process does (a wrong reference would change the
-    KL term and the trajectory)."""
+    KL term and the trajectory). Float32 and SGD: see FLOAT32_SGD."""
     pytest.importorskip("deepspeed")
-    # DeepSpeed trains in float32 whatever it is given. AdamW's first steps turn float32 rounding differences of
-    # near-zero gradients into learning-rate-sized steps (measured: 3e-6 apart on AVX2 kernels, 5.6e-3 on the DEFAULT
-    # ones), so this comparison runs with plain SGD, which carries them linearly: measured within 1.1e-6 (AVX2) and
-    # 1.8e-6 (DEFAULT kernels) of one process after 8 steps, 2026-12-01.
-    float32_sgd = ("--dtype", "float32", "--optim", "sgd", "--learning_rate", "0.03")
-    two = launch(tmp_path, 2, "sum", options=["--backend", "zero3", "--retain_loss", "kl", *float32_sgd])
-    one, one_weights = one_process_runs("sum", "kl", *float32_sgd)
+    two = launched("zero3")["sum-kl-float32-sgd"]
+    ((one, one_weights),) = launched("one")["sum-kl-float32-sgd"]
     assert_ranks_agree(two)
     (rank0, weights0), _ = two
     assert rank0["distributed_type"] == "DistributedType.DEEPSPEED" and rank0["loaded_partitioned"]
@@ -164,6 +183,8 @@ def test_deepspeed_zero3_partitions_the_reference_and_matches_one_process(tmp_pa
 
 
 @pytest.mark.slow
+# A launch, a report written once and whole weights saved: nothing here depends on the CPU's kernels.
+@pytest.mark.not_numerics
 @pytest.mark.parametrize("config_file", ["ddp.yaml", "zero3.yaml"])
 def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
     """`accelerate launch --config_file examples/accelerate/<file> -m hf_unlearn.cli.main run ...` on a CPU-only
@@ -195,15 +216,14 @@ def test_cli_under_accelerate_launch_reports_once(tmp_path, config_file):
 
 
 @pytest.mark.slow
-def test_the_calibrated_hinge_and_the_membership_stop_match_one_process(tmp_path):
+def test_the_calibrated_hinge_and_the_membership_stop_match_one_process(launched):
     """stop_target='membership' (a calibration set: the hinge's rank-matched never-seen thresholds) with two
     processes. The thresholds rank each token among the whole micro-batch's tokens, gathered from both processes, so
     the first gradient and the final weights are one process's (before: each process ranked its half, 0.13 off at the
     first step). Each process sends its latest probe_size / 2 Min-K% scores and the gathered window holds the answers
     one process's holds, so every probe reads the same AUC and both ranks stop where one process does."""
-    options = ["--stop_target", "membership"]
-    (rank0, weights0), (rank1, _) = launch(tmp_path / "two", 2, "sum", options=options)
-    ((one, one_weights),) = launch(tmp_path / "one", 1, "sum", options=options)
+    (rank0, weights0), (rank1, _) = launched("torchrun")["membership"]
+    ((one, one_weights),) = launched("one")["membership"]
     for name, grad in one["grads"].items():
         torch.testing.assert_close(rank0["grads"][name], grad, **GRADIENT_TOLERANCE)
     for name, weight in one_weights.items():
