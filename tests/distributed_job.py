@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, TrainerCallback
 
 from hf_unlearn import UnlearnConfig, UnlearnTrainer
+from hf_unlearn.cli.main import end_process_group
 from hf_unlearn.training.memory import StateBytesCallback
 
 
@@ -217,4 +218,4 @@ if __name__ == "__main__":
         os.makedirs(out_dir, exist_ok=True)
         main(out_dir, o.surgery, o.global_batch, o.backend, o.accumulation, o.retain_loss, o.dtype, o.optim,
              o.learning_rate, o.stop_target)  # fmt: skip
-    torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
+    end_process_group(finished=True)  # as the CLI ends a launched command

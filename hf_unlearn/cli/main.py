@@ -16,6 +16,7 @@ import json
 import os
 import re
 import sys
+import time
 from typing import Any
 
 from .commands import COMMANDS, command, help_is_kept, keep_help, kept_help
@@ -387,8 +388,10 @@ def main(argv: list[str] | None = None) -> int:
         # Every command's help needs what this command imports anyway (torch, transformers): keep them all, once
         # per source and versions, so that no later `--help` has to import them.
         keep_help(help_parsers())
+    finished = False
     try:
         result = COMMANDS[command].run(argv[1:])
+        finished = True
     except HelpRequested as request:
         request.parser.prog = f"hf-unlearn {command}"
         print(request.parser.format_help(), end="")
@@ -400,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(--traceback or {TRACEBACK_VARIABLE}=1 shows where it came from)", file=sys.stderr)
         return 1
     finally:
-        end_process_group()
+        end_process_group(finished)
     record = getattr(result, "record", None)
     if record is not None and not record.success:
         print(f"hf-unlearn {command}: the run failed ({record.stop_reason}).", file=sys.stderr)
@@ -408,14 +411,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def end_process_group() -> None:
+def end_process_group(finished: bool) -> None:
     """Tear down the process group a launched command (torchrun, ``accelerate launch``) started, before the
-    interpreter exits: left up, a backend thread can abort the process at exit after its work is done (seen with
-    DeepSpeed ZeRO-3 over gloo: "terminate called without an active exception", exit status -6), and the launcher
-    then reports the whole run as failed. torch is only looked at if the command imported it."""
+    interpreter exits: left up, a backend thread can abort the process at exit after its work is done, and the
+    launcher then reports the whole run as failed. torch is only looked at if the command imported it.
+
+    Seen with DeepSpeed ZeRO-3 over gloo on CPU ("terminate called without an active exception", exit status -6, on 4
+    of 20 launches with the cores busy). A core dump of the aborted rank showed the cause: ZeRO-3 prefetches parameters
+    with all-gathers nobody waits for; one still queued when the command returned was finished by a gloo thread
+    during the interpreter's finalisation, and that thread, releasing the work's Python tensors, needed the GIL and
+    was ended mid-destructor (``ProcessGroupGloo::runLoop`` -> ``~AsyncAllgatherWork`` -> ``take_gil`` ->
+    ``pthread_exit`` -> ``std::terminate``). So a command that ``finished`` first waits at a barrier, which completes
+    only after every collective queued before it, then releases the GIL for a moment so the backend's threads can
+    drop the works they ran. After an error there is no barrier: the other processes may never reach it."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    if torch is None or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    if finished:
+        torch.distributed.barrier()
+        time.sleep(0.1)
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
