@@ -170,6 +170,13 @@ def _side_variance(components: np.ndarray, groups: Sequence[Any] | None) -> floa
     return clusters / (clusters - 1) * spread / count**2
 
 
+def _separates_or_ties(by_holdout: np.ndarray, by_forget: np.ndarray) -> bool:
+    """Whether every answer's DeLong placement is the same on both sides: the scores separate the two sets perfectly
+    (AUC 0 or 1) or tie throughout. DeLong's variance is then zero, a certainty no finite draw gives (another draw of
+    as many answers could overlap), so no interval is read from it."""
+    return float(np.ptp(by_holdout)) == 0.0 and float(np.ptp(by_forget)) == 0.0
+
+
 def membership_auc_interval(
     forget_scores: Sequence[float],
     holdout_scores: Sequence[float],
@@ -181,7 +188,8 @@ def membership_auc_interval(
     how far another draw of as many answers of each kind could read. With ``forget_groups`` / ``holdout_groups`` (one
     per answer: the author it is about) the draw is of groups, not answers (:func:`_side_variance`): answers about one
     author share its name and its familiarity, so they are not independent draws; the quantile is then Student's t
-    (:func:`_half_width`). NaN with fewer than two answers (or groups) of either kind."""
+    (:func:`_half_width`). NaN with fewer than two answers (or groups) of either kind. Where the scores separate the
+    sets perfectly (AUC 0 or 1) the interval has no width (:func:`_separates_or_ties`)."""
     if len(forget_scores) < 2 or len(holdout_scores) < 2:
         return float("nan"), float("nan")
     forget_groups, holdout_groups = _both_or_neither(forget_groups, holdout_groups)
@@ -206,7 +214,11 @@ def paired_auc_difference(
     both read on the same answers in the same order, with the ``level`` interval of the difference (DeLong's paired
     covariance: answers hard for one model are hard for the other, so the difference is read more finely than
     either AUC; with groups, clustered as :func:`membership_auc_interval` says). NaN interval with fewer than two
-    answers (or groups) of either kind."""
+    answers (or groups) of either kind, and where both models' scores separate the sets perfectly or tie throughout
+    (:func:`_separates_or_ties`): both at AUC 1 would otherwise read a difference of 0 with a zero-width interval,
+    "lands" for certain, where another draw could overlap for either. Where one model separates them and the other
+    does not, the other's spread gives the interval its width. Two models with the same overlapping scores read 0
+    exactly: that difference is certain."""
     if len(forget_scores) != len(reference_forget_scores) or len(holdout_scores) != len(reference_holdout_scores):
         raise ValueError(
             "paired_auc_difference reads both models on the same answers: the score lists differ in length."
@@ -222,7 +234,10 @@ def paired_auc_difference(
     variance = _side_variance(by_holdout - reference_by_holdout, holdout_groups) + _side_variance(
         by_forget - reference_by_forget, forget_groups
     )
-    if math.isnan(variance):
+    degenerate = _separates_or_ties(by_holdout, by_forget) and _separates_or_ties(
+        reference_by_holdout, reference_by_forget
+    )
+    if math.isnan(variance) or degenerate:
         return difference, float("nan"), float("nan")
     half = _half_width(variance, level, (forget_groups, holdout_groups))
     return difference, difference - half, difference + half

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 import os
 
 import pytest
@@ -177,10 +178,12 @@ def test_demo_forgets_keeps_and_stops_itself(tmp_path):
     assert set(verdict["which"]) == told and set(verdict["too_few"]) == set(ATTACKS) - judged
     for attack, row in verdict["per_attack"].items():  # each attack's interval, and the paired difference's
         low, high = membership["auc_interval"][attack]
-        assert (
-            low <= membership["auc"][attack] <= high and row["off_interval"][0] <= row["off"] <= row["off_interval"][1]
-        )
+        assert math.isnan(low) or low <= membership["auc"][attack] <= high
         low, high = row["off_interval"]
+        if math.isnan(low):  # scores that separate the sets perfectly (the reference attack here): no interval
+            assert attack not in judged
+            continue
+        assert low <= row["off"] <= high
         assert (attack in judged) is ((high - low) / 2 <= 0.1 or low > 0.1 or high < -0.1)
     line = membership_verdict_line(membership["membership"])
     assert line in (out / "report.md").read_text() and line in (out / "README.md").read_text()

@@ -506,3 +506,31 @@ def test_the_verdict_says_too_few_answers_where_the_interval_cannot_judge_the_to
     assert row["verdict"] == "tells" and row["certain"] and row["side"] == "member" and wide["too_few"] == []
     unjudged = membership_verdict({"loss": 0.42}, never, off_intervals={"loss": (float("nan"), float("nan"))})
     assert unjudged["too_few"] == ["loss"] and not unjudged["landed"]  # no interval (one answer): not judged
+
+
+def test_a_perfect_separation_reads_no_interval_and_cannot_land():
+    """Scores that separate the forget answers from the never-seen ones perfectly for both models (the reference
+    attack against the start model on the demo: AUC 1.0 for the unlearned and the never-trained model alike) give
+    DeLong's paired variance 0. That is no certainty 20 answers a side can give, so the difference gets no interval,
+    and the attack is 'too few answers to judge' instead of 'lands' for certain. Where only one model separates them
+    the other's spread still gives an interval; two models with the same, overlapping scores read exactly 0."""
+    from hf_unlearn.evaluation.membership import membership_verdict, membership_verdict_line
+    from hf_unlearn.scores import membership_auc_interval, paired_auc_difference
+
+    forget, holdout = [5.0 + 0.1 * i for i in range(20)], [0.1 * i for i in range(20)]
+    never_forget, never_holdout = [4.0 + 0.1 * i for i in range(20)], [0.2 * i for i in range(20)]
+    difference, low, high = paired_auc_difference(forget, holdout, never_forget, never_holdout)
+    assert difference == 0.0 and math.isnan(low) and math.isnan(high)
+    verdict = membership_verdict({"reference": 1.0}, {"reference": 1.0}, off_intervals={"reference": (low, high)})
+    assert verdict["per_attack"]["reference"]["verdict"] == "too few answers to judge" and not verdict["landed"]
+    assert "no interval could be read" in membership_verdict_line(verdict)
+    # all tied for both: the same
+    assert math.isnan(paired_auc_difference([1.0] * 5, [1.0] * 5, [2.0] * 5, [2.0] * 5)[1])
+    # one model separates the sets, the other does not: its spread gives the difference an interval
+    overlapping = [0.3 * i for i in range(20)]
+    low, high = membership_auc_interval(overlapping, holdout)
+    assert 0.0 <= low < high <= 1.0
+    difference, low, high = paired_auc_difference(forget, holdout, overlapping, holdout)
+    assert low < difference < high and high - low > 0.05
+    # a model read against itself differs by exactly 0
+    assert paired_auc_difference(overlapping, holdout, overlapping, holdout) == (0.0, 0.0, 0.0)

@@ -477,10 +477,12 @@ def membership_verdict_line(verdict: Mapping[str, Any]) -> str:
             for row in (verdict["per_attack"][attack] for attack in too_few)
         ]
         widest = max((w for w in widths if not math.isnan(w)), default=float("nan"))
-        unjudged = (
-            f" Too few answers to judge {len(too_few)} of {total} ({', '.join(too_few)}): their intervals reach "
-            f"±{widest:.2f}, wider than the ±{verdict['tolerance']:g} they would judge."
+        reach = (
+            f"their intervals reach ±{widest:.2f}, wider than the ±{verdict['tolerance']:g} they would judge."
+            if not math.isnan(widest)
+            else "no interval could be read (under two answers a side, or scores that separate the sets perfectly)."
         )
+        unjudged = f" Too few answers to judge {len(too_few)} of {total} ({', '.join(too_few)}): {reach}"
     if not count:
         if too_few:
             return f"Membership: no attack that could be judged tells the forget set from never-seen data.{unjudged}"
