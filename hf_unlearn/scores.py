@@ -214,11 +214,12 @@ def paired_auc_difference(
     both read on the same answers in the same order, with the ``level`` interval of the difference (DeLong's paired
     covariance: answers hard for one model are hard for the other, so the difference is read more finely than
     either AUC; with groups, clustered as :func:`membership_auc_interval` says). NaN interval with fewer than two
-    answers (or groups) of either kind, and where both models' scores separate the sets perfectly or tie throughout
-    (:func:`_separates_or_ties`): both at AUC 1 would otherwise read a difference of 0 with a zero-width interval,
-    "lands" for certain, where another draw could overlap for either. Where one model separates them and the other
-    does not, the other's spread gives the interval its width. Two models with the same overlapping scores read 0
-    exactly: that difference is certain."""
+    answers (or groups) of either kind, and where both models' scores separate the sets the same way or tie
+    throughout (:func:`_separates_or_ties`, the same AUC): both at AUC 1 would otherwise read a difference of 0 with a
+    zero-width interval, "lands" for certain, where another draw could overlap for either. Separated the opposite
+    ways (AUC 1 against 0) they keep the zero-width difference of 1, which no draw brings within a tolerance. Where
+    one model separates them and the other does not, the other's spread gives the interval its width. Two models
+    with the same overlapping scores read 0 exactly: that difference is certain."""
     if len(forget_scores) != len(reference_forget_scores) or len(holdout_scores) != len(reference_holdout_scores):
         raise ValueError(
             "paired_auc_difference reads both models on the same answers: the score lists differ in length."
@@ -234,8 +235,10 @@ def paired_auc_difference(
     variance = _side_variance(by_holdout - reference_by_holdout, holdout_groups) + _side_variance(
         by_forget - reference_by_forget, forget_groups
     )
-    degenerate = _separates_or_ties(by_holdout, by_forget) and _separates_or_ties(
-        reference_by_holdout, reference_by_forget
+    degenerate = (
+        difference == 0.0
+        and _separates_or_ties(by_holdout, by_forget)
+        and _separates_or_ties(reference_by_holdout, reference_by_forget)
     )
     if math.isnan(variance) or degenerate:
         return difference, float("nan"), float("nan")

@@ -524,6 +524,11 @@ def test_a_perfect_separation_reads_no_interval_and_cannot_land():
     verdict = membership_verdict({"reference": 1.0}, {"reference": 1.0}, off_intervals={"reference": (low, high)})
     assert verdict["per_attack"]["reference"]["verdict"] == "too few answers to judge" and not verdict["landed"]
     assert "no interval could be read" in membership_verdict_line(verdict)
+    # separated the opposite ways (AUC 1 against 0): a difference of 1 that tells, as before
+    difference, low, high = paired_auc_difference(forget, holdout, never_holdout, never_forget)
+    assert abs(difference) == 1.0 and low == high == difference
+    opposite = membership_verdict({"reference": 1.0}, {"reference": 0.0}, off_intervals={"reference": (low, high)})
+    assert opposite["per_attack"]["reference"]["verdict"] == "tells"
     # all tied for both: the same
     assert math.isnan(paired_auc_difference([1.0] * 5, [1.0] * 5, [2.0] * 5, [2.0] * 5)[1])
     # one model separates the sets, the other does not: its spread gives the difference an interval
