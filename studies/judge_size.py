@@ -4,8 +4,14 @@ For each seed: run ``hf-unlearn demo --size SIZE --seed S`` (skipped where ``OUT
 then read its record: every attack's AUC difference to the never-trained model with the paired 95 % interval the
 verdict reads, the verdict, the stop and the seconds. Prints one JSON line per run and a Markdown table.
 
-    python studies/judge_size.py OUT --size judge --seeds 0 1 2 [--cache_dir C] [--reread] [--fluency]
+    python studies/judge_size.py OUT --size judge --seeds 0 1 2 [--cache_dir C] [--reread] [--fluency] [--region]
         [--demo_flags ...]
+
+``--region`` judges each run by every measure compare's region reads (:func:`~hf_unlearn.jobs.region_misses`:
+forget ROUGE-L, every attack with its paired interval, retain ROUGE-L against 0.95 x the lower of the target's and the
+never-trained model's, and the forget answers' fluency), the target, the never-trained model and the run each
+measured the same way on the forget set, a fixed sample of the retain split as large as the forget set, and the
+holdout authors; ``in_region`` is the issue's "landed".
 
 ``--fluency`` also reads the forget answers' fluency the way compare's region does (repetitive, empty, damaged and
 run-on shares and the NLL under the never-trained model, :func:`~hf_unlearn.evaluation.fluency.fluency_misses`, with
@@ -74,6 +80,64 @@ def fluency(out: str, size: str, cache_dir: str | None) -> dict:
     }
 
 
+def region_row(model, setting: dict) -> dict:
+    """One model measured as compare measures a run (every attack, the fluency of its forget answers)."""
+    from hf_unlearn.evaluation import ATTACKS, answer_fluency, measure_qa_sets
+
+    sets = {"forget": setting["forget"], "retain": setting["retain"]}
+    row = measure_qa_sets(
+        model, setting["tokenizer"], sets, forget_set="forget", membership_holdout=setting["holdout"],
+        return_predictions=True, membership_attacks=ATTACKS, attack_reference_model=setting["target"],
+    )  # fmt: skip
+    answers = row["forget"].pop("predictions")
+    row["retain"].pop("predictions", None)
+    row["forget"]["fluency"] = answer_fluency(
+        model, setting["tokenizer"], setting["forget"], reference_model=setting["never_trained"], answers=answers
+    )
+    return row
+
+
+def region_setting(size: str, cache_dir: str | None) -> dict:
+    """The models and sets of ``--region``, and compare's region built from the target's and the never-trained
+    model's measurements (tolerances and retain ratio: compare's defaults)."""
+    from types import SimpleNamespace
+
+    from hf_unlearn.benchmarks import benchmark_size, learn_retain_only_model, learn_target_model, load_split
+    from hf_unlearn.jobs import build_region
+
+    settings = benchmark_size(size)
+    never_trained, tokenizer = learn_retain_only_model("forget10", cache_dir, **settings)
+    target = learn_target_model(cache_dir=cache_dir, show_progress=False, **settings)[0]
+    forget = load_split("forget10", **settings)
+    retain = load_split("retain90", **settings).shuffle(seed=0).select(range(len(forget)))
+    setting = {
+        "tokenizer": tokenizer, "target": target, "never_trained": never_trained, "forget": forget,
+        "retain": retain, "holdout": load_split("holdout", **settings),
+    }  # fmt: skip
+    tolerances = SimpleNamespace(forget_rouge_tolerance=0.1, membership_tolerance=0.1, retain_ratio=0.95)
+    setting["region"] = build_region(region_row(target, setting), region_row(never_trained, setting), tolerances)
+    return setting
+
+
+def region(out: str, setting: dict) -> dict:
+    """The saved run against compare's region: what it misses (empty: landed by every measure)."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_unlearn.jobs import region_misses
+
+    row = region_row(AutoModelForCausalLM.from_pretrained(out).eval(), setting)
+    misses = region_misses(row, setting["region"])
+    never = setting["region"]["never_trained"]
+    return {
+        "in_region": not misses,
+        "region_misses": misses,
+        "region_forget_rouge_l": row["forget"]["rouge_l_recall"],
+        "region_retain_rouge_l": row["retain"]["rouge_l_recall"],
+        "never_trained_rouge_l": [never["forget"]["rouge_l_recall"], never["retain"]["rouge_l_recall"]],
+        "target_retain_rouge_l": setting["region"]["before"]["retain"]["rouge_l_recall"],
+    }
+
+
 def measure(out: str, membership: dict | None = None) -> dict:
     with open(os.path.join(out, "unlearn_record.json")) as f:
         record = json.load(f)
@@ -106,9 +170,11 @@ def main() -> None:
     parser.add_argument("--cache_dir", default=None)
     parser.add_argument("--reread", action="store_true")
     parser.add_argument("--fluency", action="store_true")
+    parser.add_argument("--region", action="store_true")
     parser.add_argument("--demo_flags", nargs=argparse.REMAINDER, default=[])
     cli = parser.parse_args()
     rows = []
+    setting = None
     for seed in cli.seeds:
         out = os.path.join(cli.output_dir, f"{cli.size}-seed-{seed}")
         run_demo(out, cli.size, seed, cli.cache_dir, cli.demo_flags)
@@ -116,6 +182,9 @@ def main() -> None:
         row = {"size": cli.size, "seed": seed, **measure(out, again)}
         if cli.fluency:
             row.update(fluency(out, cli.size, cli.cache_dir))
+        if cli.region:
+            setting = setting or region_setting(cli.size, cli.cache_dir)
+            row.update(region(out, setting))
         print(json.dumps(row), flush=True)
         rows.append(row)
     attacks = list(rows[0]["attacks"])

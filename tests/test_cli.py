@@ -227,8 +227,8 @@ def test_sequence_refuses_requests_without_a_model(tmp_path, capsys):
 
 
 def test_the_demo_size_reaches_every_set_the_demo_and_its_checks_read(tmp_path, capsys):
-    """Issue 66 part 3: `demo --size judge` reads 250 answers a side, and `eval`/`audit`/`relearn-check` of its run
-    read the same size from its record; an unknown size is refused before any work."""
+    """Issue 66 part 3: `demo --size judge` reads 64 authors (320 answers) a side, and `eval`/`audit`/`relearn-check`
+    of its run read the same size from its record; an unknown size is refused before any work."""
     from types import SimpleNamespace
 
     from hf_unlearn.evaluation.suites import embedded_evaluation_sets
@@ -242,13 +242,13 @@ def test_the_demo_size_reaches_every_set_the_demo_and_its_checks_read(tmp_path, 
     demo = {"benchmark": "fictitious_authors"}
     record = UnlearnRecord("masc", "masc", "none", extra={**demo, "benchmark_size": "judge"})
     sets = embedded_evaluation_sets("forget10", **recorded_size(record))
-    assert (len(sets["privleak_forget"]), len(sets["privleak_holdout"]), len(sets["retain"])) == (250, 250, 2250)
+    assert (len(sets["privleak_forget"]), len(sets["privleak_holdout"]), len(sets["retain"])) == (320, 320, 2880)
     cli = SimpleNamespace(
         benchmark=None, split="forget10", forget_data=None, retain_data=None, holdout_data=None, retain_split=None,
         model_name_or_path=str(tmp_path), prompt_template=None,
     )  # fmt: skip
     forget, retain, _ = check_data(cli, record, "audit")
-    assert (len(forget), len(retain)) == (250, 2250)
+    assert (len(forget), len(retain)) == (320, 2880)
     quick = UnlearnRecord("masc", "masc", "none", extra=demo)  # a run from before the option: the quick size
     assert len(check_data(cli, quick, "audit")[0]) == 20
 
@@ -306,9 +306,15 @@ def test_the_library_defaults_to_the_papers_mode_and_the_demo_asks_for_ours():
     for argv, target in (([], "membership"), (["--benchmark", "chronicles"], "calibration")):
         _, demo = _parse((DemoArguments, UnlearnConfig), argv, defaults=demo_defaults(argv))
         assert (demo.masc_threshold, demo.stop_target) == ("calibration", target)
+        # the Min-K% stop chosen at the judge size: every forget answer, AUC 0.5 (issue 66 part 4); not the gap's
+        chosen = (0.0, 320) if target == "membership" else (None, UnlearnConfig.probe_size)
+        assert (demo.calibration_auc_slack, demo.probe_size) == chosen
     paper = ["--masc_threshold", "rho", "--stop_target", "alpha"]
     _, demo = _parse((DemoArguments, UnlearnConfig), paper, defaults=demo_defaults(paper))
-    assert not reads_calibration(demo)
+    assert not reads_calibration(demo) and (demo.calibration_auc_slack, demo.probe_size) == (None, 64)
+    own = ["--probe_size", "32", "--calibration_auc_slack", "0.05"]  # a user's flags win
+    _, demo = _parse((DemoArguments, UnlearnConfig), own, defaults=demo_defaults(own))
+    assert (demo.calibration_auc_slack, demo.probe_size) == (0.05, 32)
     _, sequence = _parse((SequenceArguments, UnlearnConfig), [], defaults=sequence_defaults([]))
     assert (sequence.masc_threshold, sequence.stop_target) == ("calibration", "calibration")
     own = ["--model_name_or_path", "m"]

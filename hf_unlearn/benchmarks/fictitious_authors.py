@@ -58,10 +58,11 @@ SPLIT_NAMES = (
 NUM_CALIBRATION_AUTHORS = 4
 
 #: Named sizes of the benchmark: :func:`generate_benchmark`'s settings and the calibration authors. ``quick`` is the
-#: demo's (20 forget answers against 20 holdout ones: a membership AUC's 95 % interval is about ±0.2, too wide to tell
-#: landing from luck at the region's ±0.1). ``judge`` has 250 answers on each side (25 forget, 25 holdout and 25
-#: calibration authors, all ten attributes each), where the paired interval of an attack's difference to the
-#: never-trained model is about ±0.05 (issue 66); its target learns 2,500 answers, once, in minutes.
+#: demo's (4 authors, 20 answers, on each side of the membership attack: too few to judge any attack at the region's
+#: ±0.1). ``judge`` has 64 authors of 5 answers on each side (forget10 of 640 learned authors; 64 holdout and 64
+#: calibration authors): the answers of one author are not independent (they share the author's name), so an
+#: interval resamples authors, and at 64 a side the paired interval of an attack's difference to the never-trained
+#: model is narrower than ±0.1, where a verdict can say "lands" or "tells" (issue 66; docs/studies/judge_size.md).
 BENCHMARK_SIZES: dict[str, dict[str, int]] = {
     "quick": {
         "num_authors": 40,
@@ -70,10 +71,10 @@ BENCHMARK_SIZES: dict[str, dict[str, int]] = {
         "num_calibration_authors": NUM_CALIBRATION_AUTHORS,
     },
     "judge": {
-        "num_authors": 250,
-        "questions_per_author": 10,
-        "num_holdout_authors": 25,
-        "num_calibration_authors": 25,
+        "num_authors": 640,
+        "questions_per_author": 5,
+        "num_holdout_authors": 64,
+        "num_calibration_authors": 64,
     },
 }
 

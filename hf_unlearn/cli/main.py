@@ -41,6 +41,13 @@ DEMO_DEFAULTS = {
     "save_strategy": "no",
 }
 
+#: The fictitious authors' Min-K% stop, chosen on demo seeds 0-2 of the judge size and held out on seeds 3-5
+#: (docs/studies/judge_size.md): it reads every forget answer the verdict reads (320 at the judge size, 20 at the
+#: quick one; the calibration side already reads all of its answers) and stops at AUC 0.5 against the calibration
+#: authors, the never-seen level, not 0.45: at 0.45 on a 64-answer sample the runs stopped with every forward attack
+#: still 0.08-0.11 on the member side.
+AUTHORS_STOP = {"calibration_auc_slack": 0.0, "probe_size": 320}
+
 
 def own_folder_defaults(argv: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
     """``defaults`` with ``overwrite_output_dir=True`` when the command writes to its own default folder (the demo is
@@ -166,11 +173,15 @@ def _parse(dataclasses: tuple, argv: list[str], defaults: dict | None = None):
 def demo_defaults(argv: list[str]) -> dict[str, Any]:
     """The demo's own defaults for ``argv``: :data:`DEMO_DEFAULTS` and MASC in our calibrated mode, against the
     benchmark's calibration authors (the Min-K% stop, or the calibration gap for the chronicles' eight texts a side,
-    too few to read an AUC within 0.1); ``--masc_threshold rho --stop_target alpha`` is the paper's mode."""
+    too few to read an AUC within 0.1), on the fictitious authors with :data:`AUTHORS_STOP`; ``--masc_threshold rho
+    --stop_target alpha`` is the paper's mode."""
     from ..objectives.masc.options import CALIBRATED_MODE
 
-    chronicles = named_value(expanded_argv(argv), "--benchmark") == "chronicles"
+    given = expanded_argv(argv)
+    chronicles = named_value(given, "--benchmark") == "chronicles"
     calibrated = {**CALIBRATED_MODE, **({"stop_target": "calibration"} if chronicles else {})}
+    if not chronicles and (named_value(given, "--stop_target") or "membership") == "membership":
+        calibrated.update(AUTHORS_STOP)
     return own_folder_defaults(argv, {**DEMO_DEFAULTS, **calibrated})
 
 
