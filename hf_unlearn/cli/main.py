@@ -180,7 +180,7 @@ def demo_defaults(argv: list[str]) -> dict[str, Any]:
     given = expanded_argv(argv)
     chronicles = named_value(given, "--benchmark") == "chronicles"
     calibrated = {**CALIBRATED_MODE, **({"stop_target": "calibration"} if chronicles else {})}
-    if not chronicles and (named_value(given, "--stop_target") or "membership") == "membership":
+    if not chronicles and (named_value(given, "--stop_target") or calibrated["stop_target"]) == "membership":
         calibrated.update(AUTHORS_STOP)
     return own_folder_defaults(argv, {**DEMO_DEFAULTS, **calibrated})
 
