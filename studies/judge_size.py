@@ -82,19 +82,12 @@ def fluency(out: str, size: str, cache_dir: str | None) -> dict:
 
 def region_row(model, setting: dict) -> dict:
     """One model measured as compare measures a run (every attack, the fluency of its forget answers)."""
-    from hf_unlearn.evaluation import ATTACKS, answer_fluency, measure_qa_sets
+    from hf_unlearn.jobs import measure_for_region
 
-    sets = {"forget": setting["forget"], "retain": setting["retain"]}
-    row = measure_qa_sets(
-        model, setting["tokenizer"], sets, forget_set="forget", membership_holdout=setting["holdout"],
-        return_predictions=True, membership_attacks=ATTACKS, attack_reference_model=setting["target"],
+    return measure_for_region(
+        model, setting["tokenizer"], setting["forget"], setting["retain"], setting["holdout"],
+        target_model=setting["target"], fluency_reference=setting["never_trained"],
     )  # fmt: skip
-    answers = row["forget"].pop("predictions")
-    row["retain"].pop("predictions", None)
-    row["forget"]["fluency"] = answer_fluency(
-        model, setting["tokenizer"], setting["forget"], reference_model=setting["never_trained"], answers=answers
-    )
-    return row
 
 
 def region_setting(size: str, cache_dir: str | None) -> dict:

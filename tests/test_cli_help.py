@@ -129,4 +129,4 @@ def test_a_methods_help_leaves_out_the_options_it_does_not_read(capsys, flags, s
     text = capsys.readouterr().out
     assert all((f"--{name} " in text) is shown for name in MARGIN_OPTIONS)
     assert "--stop_at_target" in text and "--utility_floor" in text and "--forget_loss_kwargs" in text
-    assert ("does not read them" in text) is not shown
+    assert ("does not read them" in " ".join(text.split())) is not shown  # the help wraps its lines

@@ -1,7 +1,9 @@
 import pytest
+import torch
 from datasets import Dataset
 
 from hf_unlearn.benchmarks import build_tokenizer
+from hf_unlearn.data import prompt_copies
 from hf_unlearn.data.examples import build_qa_dataset, tokenize_prompt, tokenize_qa
 from hf_unlearn.data.pairing import ForgetRetainCollator, ForgetRetainDataset, split_holdout
 
@@ -29,6 +31,21 @@ def test_chat_template_puts_only_the_assistant_turn_in_the_labels(tokenizer):
     prompt = tokenize_prompt(chat, "Where was Ann born?")
     assert example["input_ids"][: len(prompt)] == prompt
     assert all(label == -100 for label in example["labels"][: len(prompt)])
+
+
+def test_prompt_copies_marks_answer_tokens_in_a_pair_the_prompt_holds():
+    """Row 0: the prompt (9, 5, 6, 7) holds the pair (5, 6), so the answer's 5 and 6 are copies; 9 is in the prompt
+    alone, and (7, 5) is a pair only across the prompt's end and the answer's start, so the answer's (7, 5) is not one.
+    Row 1: (3, 4) is in the prompt only across padding, and its answer repeats nothing."""
+    input_ids = torch.tensor([[9, 5, 6, 7, 5, 6, 9, 7, 5], [3, 0, 4, 2, 3, 4, 1, 0, 0]])
+    labels = torch.tensor([[-100] * 4 + [5, 6, 9, 7, 5], [-100, -100, -100, 2, 3, 4, 1, -100, -100]])
+    attention_mask = torch.tensor([[1] * 9, [1, 0, 1, 1, 1, 1, 1, 0, 0]])
+    copies = prompt_copies(input_ids, labels, attention_mask)
+    assert copies.tolist() == [[False] * 4 + [True, True, False, False, False], [False] * 9]
+    attention_mask[1, 1] = 1  # (3, 0) and (0, 4) are then prompt pairs, (3, 4) still is not
+    assert not prompt_copies(input_ids, labels, attention_mask)[1].any()
+    input_ids[1, :3] = torch.tensor([3, 4, 4])  # now (3, 4) is in the prompt: the answer's 3 and 4 are copies
+    assert prompt_copies(input_ids, labels, attention_mask)[1].tolist() == [False] * 4 + [True, True] + [False] * 3
 
 
 def test_build_qa_dataset_names_missing_columns_and_rejects_long_examples(tokenizer):

@@ -35,6 +35,7 @@ CONFIG = types.SimpleNamespace(
     competitor_delta=None,
     masc_rival_kl=0.0,
     masc_rival_temperature=1.0,
+    match_prompt_copies=False,
     seed=0,
 )
 

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import torch
 from datasets import Dataset
 from transformers.utils import logging
 
@@ -20,6 +21,25 @@ from .prompts import check_prompt_template, prompt_and_completion, uses_chat_tem
 logger = logging.get_logger(__name__)
 
 IGNORE_INDEX = -100
+
+
+def prompt_copies(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Which answer tokens repeat the prompt: each answer token (``labels != -100``) in a pair of consecutive answer
+    tokens that the same row's prompt (its attended tokens whose label is ``-100``) also holds as a consecutive pair.
+    An author's name the question spells is such a run; a single shared word ("pet" in "What pet does ...") is not.
+    Boolean, shaped like ``labels`` (unshifted, as the batch holds them)."""
+    answer = labels != IGNORE_INDEX
+    prompt = (attention_mask != 0) & ~answer
+    copies = torch.zeros_like(answer)
+    width = int(input_ids.max()) + 1 if input_ids.numel() else 1
+    pairs = input_ids[:, :-1].long() * width + input_ids[:, 1:].long()  # one integer per pair of consecutive tokens
+    for row in range(input_ids.shape[0]):
+        prompt_pairs = pairs[row][prompt[row, :-1] & prompt[row, 1:]]
+        in_answer = answer[row, :-1] & answer[row, 1:]
+        copied = in_answer & torch.isin(pairs[row], prompt_pairs)
+        copies[row, :-1] |= copied
+        copies[row, 1:] |= copied
+    return copies
 
 
 def tokenize_prompt(tokenizer: Any, question: str, prompt_template: str | None = None) -> list[int]:

@@ -4,7 +4,7 @@ sequential requests (:mod:`.sequence`) and the side-by-side comparison of method
 of :mod:`.compare_setups`, written out by :mod:`.compare_report`)."""
 
 from .checks import run_audit_job, run_eval_job, run_quant_check_job, run_relearn_check_job
-from .compare import build_region, in_region, parse_overrides, region_misses
+from .compare import build_region, in_region, measure_for_region, parse_overrides, region_misses
 from .compare_report import compare_table, write_compare
 from .compare_setups import run_compare, tofu_setting
 from .demo import membership_after, run_demo
@@ -21,6 +21,7 @@ __all__ = [
     "earlier_requests_of",
     "in_region",
     "load_model_and_tokenizer",
+    "measure_for_region",
     "membership_after",
     "parse_overrides",
     "region_misses",

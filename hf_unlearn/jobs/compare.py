@@ -225,28 +225,45 @@ class CompareSetting:
         }
 
     def measure(self, model: Any, tokenizer: Any = None, with_fluency: bool | None = None) -> dict:
-        """Forget/retain metrics with membership (and, on TOFU, real-knowledge utility and the forget answers'
-        fluency against the never-trained model, read from the answers the forget ROUGE-L scored: no second
-        generation). ``with_fluency`` defaults to ``measure_fluency``."""
-        tokenizer = tokenizer or self.tokenizer
+        """:func:`measure_for_region` on this setting's sets; ``with_fluency`` defaults to ``measure_fluency``."""
         with_fluency = self.measure_fluency if with_fluency is None else with_fluency
-        sets = {"forget": self.forget_records, "retain": self.retain_eval}
-        # Every attack the library ships (issue 54); the reference attack's reference is the target before
-        # unlearning, the model an attacker who had it would compare with.
-        row = measure_qa_sets(
-            model, tokenizer, sets, forget_set="forget", retain_only_truth_ratios=self.reference_ratios,
-            membership_holdout=self.holdout_records, return_predictions=with_fluency, membership_attacks=ATTACKS,
-            attack_reference_model=self.target_model,
+        return measure_for_region(
+            model, tokenizer or self.tokenizer, self.forget_records, self.retain_eval, self.holdout_records,
+            target_model=self.target_model, fluency_reference=self.reference_model if with_fluency else None,
+            retain_only_truth_ratios=self.reference_ratios, real_knowledge=self.real_knowledge,
         )  # fmt: skip
-        if self.real_knowledge:
-            row["real_knowledge"] = real_knowledge_utility(model, tokenizer, self.real_knowledge)
-        if with_fluency:
-            answers = row["forget"].pop("predictions")
-            row["retain"].pop("predictions", None)
-            row["forget"]["fluency"] = answer_fluency(
-                model, tokenizer, self.forget_records, reference_model=self.reference_model, answers=answers
-            )
-        return row
+
+
+def measure_for_region(
+    model: Any,
+    tokenizer: Any,
+    forget: Any,
+    retain: Any,
+    holdout: Any,
+    target_model: Any,
+    fluency_reference: Any = None,
+    retain_only_truth_ratios: list[float] | None = None,
+    real_knowledge: dict[str, Any] | None = None,
+) -> dict:
+    """One model measured the way compare's region reads it (:func:`~.compare_region.region_misses`): forget/retain
+    metrics with every membership attack against the ``holdout`` authors' answers, the reference attack's reference
+    being the ``target_model`` (the model an attacker who had it would compare with); with ``real_knowledge`` (TOFU),
+    the real-knowledge utility; with ``fluency_reference`` (the never-trained model), the forget answers' fluency
+    under it, read from the answers the forget ROUGE-L scored (no second generation)."""
+    with_fluency = fluency_reference is not None
+    row = measure_qa_sets(
+        model, tokenizer, {"forget": forget, "retain": retain}, forget_set="forget",
+        retain_only_truth_ratios=retain_only_truth_ratios, membership_holdout=holdout,
+        return_predictions=with_fluency, membership_attacks=ATTACKS, attack_reference_model=target_model,
+    )  # fmt: skip
+    if real_knowledge:
+        row["real_knowledge"] = real_knowledge_utility(model, tokenizer, real_knowledge)
+    if with_fluency:
+        answers = row["forget"].pop("predictions")
+        row["retain"].pop("predictions", None)
+        row["forget"]["fluency"] = answer_fluency(model, tokenizer, forget, reference_model=fluency_reference,
+                                                  answers=answers)  # fmt: skip
+    return row
 
 
 class Race:

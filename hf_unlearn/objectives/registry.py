@@ -45,6 +45,9 @@ class LossInputs:
     start model; with ``calibration_match='id_spread'``, those of the never-seen answers' own words, and
     ``calibration_levels`` (a :class:`~hf_unlearn.objectives.masc.calibration.NeverSeenLevels`) the ids the forget
     answers share with them, their mean margins and each id's spread. ``input_ids``: the batch's tokens (unshifted).
+    ``prompt_copies`` (only for objectives registered with ``needs_prompt_copies``): which positions of ``labels``
+    hold an answer token that repeats the prompt (:func:`~hf_unlearn.data.prompt_copies`), and
+    ``calibration_copy_margins`` the start model's margins of the calibration answers' tokens that repeat theirs.
     ``margins``: set by an objective that computed the restricted margin of this batch (MASC), so that the stop's
     running read takes it instead of computing it again.
     ``hyperparameters``: the values of the hyperparameters the
@@ -66,6 +69,8 @@ class LossInputs:
     input_ids: torch.Tensor | None = None
     state: dict[str, Any] | None = None
     hyperparameters: dict[str, Any] = field(default_factory=dict)
+    prompt_copies: torch.Tensor | None = None
+    calibration_copy_margins: torch.Tensor | None = None
     margins: Any = None
 
 
@@ -102,6 +107,7 @@ class Objective:
     any weight changes, to refuse a model the objective cannot work with or to choose which parameters train (it may
     write the declared values it chose for the model into the config's kwargs, as RMU does with its layers);
     ``needs_calibration(config)``: the calibration set's margins (:attr:`LossInputs.calibration_margins`);
+    ``needs_prompt_copies(config)``: which answer tokens repeat the prompt (:attr:`LossInputs.prompt_copies`);
     ``needs_alternate``: a second batch whose answers are plausible alternatives from the forget records' column
     named by the declared hyperparameter ``alternate_column`` (AltPO; added to ``declared`` with the default
     :data:`DEFAULT_ALTERNATE_COLUMN`), in the same field as the refusal batch (``needs_refusal`` declares
@@ -122,6 +128,7 @@ class Objective:
     needs_refusal: bool = False
     prepare: Callable[[Any, Any], None] | None = None
     needs_calibration: Callable[[Any], bool] = lambda _config: False
+    needs_prompt_copies: Callable[[Any], bool] = lambda _config: False
     needs_alternate: bool = False
     initial_state: Callable[[Any], dict[str, Any]] | None = None
     update_state: Callable[..., None] | None = None

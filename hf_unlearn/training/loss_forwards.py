@@ -15,6 +15,7 @@ import torch
 from accelerate.utils import is_compiled_module
 from torch import nn
 
+from ..data import prompt_copies
 from ..forwards import accepts_logits_to_keep, forward_after_shared_prefix, prompt_cache_keyword, shared_prefix_length
 from ..objectives import LossInputs, Objective
 from ..objectives.masc.probe import has_dropout
@@ -59,6 +60,10 @@ class LossForwards:
         elif objective.needs_reference(self.args):
             reference_logits = self.start_model_logits(batch)
         calibration = self.probes.calibration_thresholds() if objective.needs_calibration(self.args) else None
+        copies = copy_margins = None
+        if objective.needs_prompt_copies(self.args):  # read over the whole row: the prompt is before the window
+            copies = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])
+            copy_margins = self.probes.calibration_copy_margins
         # An objective that reads hidden states or every attended token gets the whole sequence.
         whole = hidden or objective.normalized_by == "attended_tokens"
         start = 0 if whole else self._answer_window(model, batch)
@@ -89,6 +94,8 @@ class LossForwards:
             calibration_margins=calibration,
             calibration_levels=self.probes.calibration_levels,
             input_ids=batch["input_ids"][:, window],
+            prompt_copies=None if copies is None else copies[:, window],
+            calibration_copy_margins=copy_margins,
             state=self.objective_state_callback.view(objective.name, writable=model.training),
         )
 

@@ -108,6 +108,8 @@ def matched_thresholds(
     calibration_margins: torch.Tensor,
     tokens: torch.Tensor | None = None,
     levels: NeverSeenLevels | tuple[torch.Tensor, ...] | None = None,
+    copies: torch.Tensor | None = None,
+    copy_margins: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Each forget token's never-seen counterpart. Without ``levels``: by rank (:func:`calibrated_thresholds`).
     With ``levels`` (:class:`NeverSeenLevels`) and the tokens' ids (beyond the MASC paper): a token whose id the
@@ -115,7 +117,19 @@ def matched_thresholds(
     never-seen deviation at the rank of its deviation among this call's tokens of the same id
     (:func:`deviations_by_id`: never-seen answers' shared words are not all equally predictable, and their low tail
     is part of what Min-K% reads); the others (the forget answers' own names and facts) get the never-seen answers'
-    own words' margin at their rank among themselves."""
+    own words' margin at their rank among themselves. With ``copies`` (which tokens repeat the prompt) and
+    ``copy_margins`` (the never-seen tokens that repeat theirs, ``match_prompt_copies``, beyond the paper): a copy is
+    matched by rank with the never-seen copies, and the other tokens as above with the other never-seen tokens."""
+    if copies is not None and copy_margins is not None and copy_margins.numel():
+        copies = copies.to(margins.device).bool()
+        thresholds = torch.empty_like(margins, dtype=torch.float32)
+        if bool(copies.any()):
+            thresholds[copies] = calibrated_thresholds(margins[copies], copy_margins)
+        rest = ~copies
+        if bool(rest.any()):
+            own_tokens = None if tokens is None else tokens.to(margins.device)[rest]
+            thresholds[rest] = matched_thresholds(margins[rest], calibration_margins, own_tokens, levels)
+        return thresholds
     if levels is None or tokens is None:
         return calibrated_thresholds(margins, calibration_margins)
     levels = NeverSeenLevels(*levels).to(margins.device)
@@ -138,6 +152,8 @@ def calibration_gap(
     calibration_margins: torch.Tensor,
     tokens: torch.Tensor | None = None,
     levels: NeverSeenLevels | tuple[torch.Tensor, ...] | None = None,
+    copies: torch.Tensor | None = None,
+    copy_margins: torch.Tensor | None = None,
 ) -> float:
     """How much more familiar the forget answers look than never-seen ones: the mean, over the forget tokens, of
     ``relu(m_i - c_i)``, each forget margin's excess over its never-seen counterpart (:func:`matched_thresholds`; by
@@ -147,7 +163,7 @@ def calibration_gap(
     if margins.numel() == 0:
         return 0.0
     margins = margins.detach().float()
-    thresholds = matched_thresholds(margins, calibration_margins, tokens, levels)
+    thresholds = matched_thresholds(margins, calibration_margins, tokens, levels, copies, copy_margins)
     return torch.relu(margins - thresholds).mean().item()
 
 
@@ -155,33 +171,49 @@ class NeverSeenReference(NamedTuple):
     """What the calibration answers read at one set of weights (beyond the MASC paper): their scored tokens' sorted
     margins (with a token match, those of their own words: :func:`token_levels`), the ``levels`` a forget token whose
     id they use too is matched with (``None`` with ``calibration_match='rank'``), each answer's Min-K% (``min_k``, what
-    the membership stop reads), and their violation rate and mean answer probability (recorded)."""
+    the membership stop reads), and their violation rate and mean answer probability (recorded); with
+    ``match_prompt_copies``, the sorted margins of their tokens that repeat the prompt (``copy_margins``), which
+    ``margins`` and ``levels`` then leave out."""
 
     margins: torch.Tensor
     levels: NeverSeenLevels | None
     min_k: torch.Tensor
     violation_rate: float
     probability: float
+    copy_margins: torch.Tensor | None = None
 
     def gap(self, forget: Any) -> float:
-        """:func:`calibration_gap` of one probe set's forget ``margins`` and ``tokens`` against this reference."""
+        """:func:`calibration_gap` of one probe set's forget ``margins``, ``tokens`` and ``copies`` against this
+        reference."""
         levels = None if self.levels is None else self.levels.to("cpu")
-        return calibration_gap(forget["margins"], self.margins.cpu(), forget.get("tokens"), levels)
+        copy_margins = None if self.copy_margins is None else self.copy_margins.cpu()
+        copies = forget.get("copies") if copy_margins is not None else None
+        return calibration_gap(
+            forget["margins"], self.margins.cpu(), forget.get("tokens"), levels, copies, copy_margins
+        )
 
 
-def never_seen_reference(measured: Any, forget_ids: torch.Tensor, match: str, device: Any) -> NeverSeenReference:
+def never_seen_reference(
+    measured: Any, forget_ids: torch.Tensor, match: str, device: Any, by_copies: bool = False
+) -> NeverSeenReference:
     """The :class:`NeverSeenReference` of one measurement of the calibration answers (``measure_violations``'
-    result) for forget answers that use the token ids ``forget_ids``, matched by ``match``."""
-    margins, levels = measured["margins"], None
+    result) for forget answers that use the token ids ``forget_ids``, matched by ``match``; ``by_copies``: the tokens
+    that repeat the prompt kept apart (``match_prompt_copies``)."""
+    margins, tokens, levels, copy_margins = measured["margins"], measured["tokens"], None, None
+    if by_copies:
+        copies = measured["copies"]
+        copy_margins = margins[copies].sort().values.to(device)
+        margins, tokens = margins[~copies], tokens[~copies]
     if match == "id_spread":  # the ids the never-seen answers share with the forget set at their own levels
-        tokens = measured["tokens"]
-        ids, values, margins = token_levels(measured["margins"], tokens, forget_ids)
-        spread, offsets = spread_by_id(measured["margins"], tokens, ids, values)
+        ids, values, own = token_levels(margins, tokens, forget_ids)
+        spread, offsets = spread_by_id(margins, tokens, ids, values)
         levels = NeverSeenLevels(ids, values, spread, offsets).to(device)
+        margins = own
     return NeverSeenReference(
         margins=margins.sort().values.to(device),
         levels=levels,
         min_k=measured["min_k"],
         violation_rate=measured["fractions"].mean().item(),
         probability=measured["probabilities"].mean().item(),
+        copy_margins=copy_margins,
     )

@@ -52,6 +52,8 @@ def masc_beyond_paper(config: Any) -> tuple[str, ...]:
         if config.calibration_match != "rank":
             match = config.calibration_match
             departures.append(f"calibration_match={match!r}: each token matched with its never-seen counterpart")
+        if config.match_prompt_copies:
+            departures.append("match_prompt_copies: a token repeating the prompt matched with never-seen such tokens")
     if config.masc_rival_kl:
         departures.append(
             f"masc_rival_kl={config.masc_rival_kl:g}: a KL holds the start model's distribution over the other tokens"
@@ -70,6 +72,7 @@ def masc_beyond_paper(config: Any) -> tuple[str, ...]:
     hyperparameters=MARGIN_OPTIONS,
     prepare=_check_masc_k,
     needs_calibration=lambda config: config.masc_threshold == "calibration",
+    needs_prompt_copies=lambda config: config.masc_threshold == "calibration" and config.match_prompt_copies,
     methods={"masc": "kl"},
     forget_weight=0.1,  # MASC's lambda_forget (TOFU/Qwen row of arXiv 2606.02920)
     stops_itself=True,
@@ -84,7 +87,9 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     hinge pushes the forget set's margins down to the distribution of data the model never saw, not below it; with
     ``masc_hinge="two_sided"`` (beyond the paper) a token that fell below its counterpart is pulled back up, and with
     ``calibration_match="id_spread"`` (beyond the paper) a token the never-seen answers also use is matched with its
-    own id's never-seen level and spread (:func:`~.calibration.matched_thresholds`).
+    own id's never-seen level and spread (:func:`~.calibration.matched_thresholds`); with ``match_prompt_copies``
+    (beyond the paper) a token that repeats the prompt (the author's name a question spells) is matched with the
+    calibration tokens that repeat theirs.
     """
     config = inputs.config
     logits, labels = shift_for_causal_lm(inputs.logits, inputs.labels)
@@ -99,8 +104,14 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
     if config.masc_threshold == "calibration":
         levels = None if inputs.calibration_levels is None else NeverSeenLevels(*inputs.calibration_levels)
         thresholds = torch.zeros_like(result.margins)
-        (margins, tokens), own = gathered_across_processes([result.margins[result.mask].detach(), labels[result.mask]])
-        matched = matched_thresholds(margins, inputs.calibration_margins, tokens=tokens, levels=levels)
+        copies = None
+        if inputs.prompt_copies is not None:
+            copies = shift_for_causal_lm(inputs.logits, inputs.prompt_copies)[1][result.mask]
+        per_token = [result.margins[result.mask].detach(), labels[result.mask], copies]
+        (margins, tokens, copies), own = gathered_across_processes(per_token)
+        matched = matched_thresholds(
+            margins, inputs.calibration_margins, tokens, levels, copies, inputs.calibration_copy_margins
+        )
         # The never-seen margins are kept in float32; a float64 model's margins are not.
         thresholds[result.mask] = matched[own].to(thresholds.dtype)
         tau = thresholds

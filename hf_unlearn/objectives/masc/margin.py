@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ...data.examples import IGNORE_INDEX
+from ...data.examples import IGNORE_INDEX, prompt_copies
 from ...data.pairing import pad_examples
 from ...forwards import answer_logits
 from ...scores import (
@@ -169,7 +169,8 @@ def measure_violations(
     min_k_leaves_out: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
-    ``margins``, every scored token's margin, with its id in ``tokens`` (for :func:`calibration_gap`); ``min_k``, each
+    ``margins``, every scored token's margin, with its id in ``tokens`` and whether it repeats the prompt in ``copies``
+    (:func:`~hf_unlearn.data.prompt_copies`; for :func:`calibration_gap`); ``min_k``, each
     example's Min-K% Prob (:func:`min_k_per_example`), without a final ``min_k_leaves_out`` token
     (:func:`leave_out_final`).
 
@@ -181,7 +182,7 @@ def measure_violations(
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    fractions, lengths, probabilities, margins, tokens, min_k = [], [], [], [], [], []
+    fractions, lengths, probabilities, margins, tokens, min_k, copies = [], [], [], [], [], [], []
     try:
         for start in range(0, len(examples), batch_size):
             padded = pad_examples(examples[start : start + batch_size], pad_token_id)
@@ -198,6 +199,8 @@ def measure_violations(
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
             tokens.append(labels[result.mask].cpu())
+            repeats = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
+            copies.append(repeats[:, 1:][result.mask].cpu())
             answer_log_probs = token_log_probs(logits.detach(), answer_labels)  # one log-softmax for both reads
             probabilities.append(probabilities_of(*answer_log_probs)[0].cpu())
             log_probs, scored_mask = answer_log_probs
@@ -215,4 +218,5 @@ def measure_violations(
         "min_k": torch.cat(min_k)[scored],
         "margins": torch.cat(margins),
         "tokens": torch.cat(tokens),
+        "copies": torch.cat(copies),
     }

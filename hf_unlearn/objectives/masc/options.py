@@ -36,6 +36,7 @@ MARGIN_OPTIONS = (
     "competitor_delta",
     "masc_rival_kl",
     "masc_rival_temperature",
+    "match_prompt_copies",
 )
 
 STOP_PROBES = ("train", "holdout")
@@ -93,6 +94,12 @@ class MascArguments:
             other tokens that the KL holds the model to. Below 1 it is sharper, so that what takes the forgotten
             token's place is as confident as a model that never saw the answer is at that position, not as
             uncertain as the start model's leftover mass (docs/studies/attack_landing.md).
+        match_prompt_copies (`bool`, *optional*, defaults to `False`):
+            MASC with masc_threshold='calibration' (beyond the paper): a forget token that repeats the prompt (each
+            token of a pair of consecutive answer tokens the prompt also holds: the author's name a question spells)
+            is matched with the calibration answers' tokens that repeat their prompts, the other tokens with the
+            other calibration tokens (see calibration_match), so a copied name is held where a model copies a name it
+            never learned, not pushed down with the facts (docs/studies/prompt_copies.md).
 
     > Parameters that control the stopping rule (§3, and the calibrated target)
 
@@ -183,6 +190,10 @@ class MascArguments:
         metadata={
             "help": "MASC (beyond the paper): temperature of the start distribution the rival KL holds (<1: sharper)."
         },
+    )
+    match_prompt_copies: bool = field(
+        default=False,
+        metadata={"help": "MASC, calibrated: match tokens that repeat the prompt with never-seen ones that do."},
     )
 
     # Parameters that control the stopping rule (§3, and the calibrated target)
@@ -352,6 +363,16 @@ def check_masc(config: Any) -> None:
             f"masc_rival_temperature must be a finite number > 0 (1: the start model's), got {temperature}."
         )
     threshold_from_probability(config.masc_rho)  # validates rho
+    if config.match_prompt_copies and config.masc_threshold != "calibration":
+        raise ValueError(
+            "match_prompt_copies matches the forget tokens that repeat the prompt with never-seen ones: it needs "
+            f"masc_threshold='calibration' (got {config.masc_threshold!r})."
+        )
+    if config.match_prompt_copies and config.stop_target == "calibration":
+        raise ValueError(
+            "match_prompt_copies is not read by stop_target='calibration' (its running calibration gap matches "
+            "every token alike): use stop_target='membership', or leave match_prompt_copies off."
+        )
 
 
 def check_stopping(config: Any) -> None:

@@ -305,6 +305,12 @@ class ProbeState(KeptStates, ProbeCheckpointing):
         """The start's never-seen levels a forget token whose id they use is matched with (a token match)."""
         return None if self.start_reference is None else self.start_reference.levels
 
+    @property
+    def calibration_copy_margins(self) -> torch.Tensor | None:
+        """The start's never-seen margins of the calibration tokens that repeat their prompt (``match_prompt_copies``:
+        what a forget token that repeats its prompt is matched with); ``None`` otherwise."""
+        return None if self.start_reference is None else self.start_reference.copy_margins
+
     def calibration_thresholds(self) -> torch.Tensor:
         """The calibration set's sorted margins under the start model (measured at the first use, kept for the run):
         what ``masc_threshold='calibration'`` compares each forget token with."""
@@ -322,7 +328,13 @@ class ProbeState(KeptStates, ProbeCheckpointing):
     def _read_calibration(self) -> NeverSeenReference:
         """The calibration answers at the current weights, in eval mode, each once."""
         measured = self._timed("calibration", self.sets.calibration)
-        return never_seen_reference(measured, self.sets.forget_ids, self.args.calibration_match, self.args.device)
+        return never_seen_reference(
+            measured,
+            self.sets.forget_ids,
+            self.args.calibration_match,
+            self.args.device,
+            by_copies=self.args.match_prompt_copies,
+        )
 
     def _measure_start_reference(self) -> NeverSeenReference:
         self.start_reference = self._read_calibration()
@@ -406,7 +418,7 @@ class ProbeState(KeptStates, ProbeCheckpointing):
             margins = self._timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
-            forget_margins[name] = {key: margins[key] for key in ("margins", "tokens", "min_k")}
+            forget_margins[name] = {key: margins[key] for key in ("margins", "tokens", "copies", "min_k")}
             forget_margins[name]["eval_forward"] = True  # read in eval mode at the current weights: exact
             if name == "train":
                 train_examples = len(margins["fractions"])

@@ -46,6 +46,8 @@ class ProbeCheckpointing:
             exported["calibration_margins"] = reference.margins.float().cpu().tolist()
             exported["calibration_min_k"] = reference.min_k.cpu().tolist()
             exported["calibration_latest"] = [reference.violation_rate, reference.probability]
+        if reference is not None and reference.copy_margins is not None:
+            exported["calibration_copy_margins"] = reference.copy_margins.float().cpu().tolist()
         if reference is not None and reference.levels is not None:
             levels = reference.levels
             exported["calibration_level_ids"] = [float(t) for t in levels.ids.cpu().tolist()]
@@ -74,6 +76,7 @@ class ProbeCheckpointing:
         self.recent_min_k = torch.tensor(saved.pop("recent_min_k", []), dtype=torch.float64)
         margins, min_k = saved.pop("calibration_margins", None), saved.pop("calibration_min_k", None)
         latest = saved.pop("calibration_latest", None)
+        copy_margins = saved.pop("calibration_copy_margins", None)
         level_ids, values = saved.pop("calibration_level_ids", None), saved.pop("calibration_levels", None)
         levels = None
         if level_ids is not None:
@@ -90,6 +93,7 @@ class ProbeCheckpointing:
                 torch.tensor(min_k, dtype=torch.float64),
                 latest[0],
                 latest[1],
+                None if copy_margins is None else torch.tensor(copy_margins, dtype=torch.float32, device=device),
             )
         self.stop_read = StopReadState.restored(saved.pop("stop_read", None))
         probe_state = saved.pop("probe_state", None)
