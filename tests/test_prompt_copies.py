@@ -70,7 +70,8 @@ def test_the_measurement_marks_the_copies_and_the_reference_keeps_them_apart():
     batch), and the never-seen reference built from it holds the copies' margins apart from the rest."""
     model = make_tiny_model().eval()
     examples = [echoing(seed) for seed in range(3)] + [make_example(7)]
-    measured = measure_violations(model, examples, pad_token_id=0, k=4, tau=0.0)
+    measured = measure_violations(model, examples, pad_token_id=0, k=4, tau=0.0, with_copies=True)
+    assert "copies" not in measure_violations(model, examples, pad_token_id=0, k=4, tau=0.0)
     batch = pad_examples(examples, 0)
     expected = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, 1:]
     assert torch.equal(measured["copies"], expected[batch["labels"][:, 1:] != -100])

@@ -31,8 +31,8 @@ def prompt_copies(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask:
     answer = labels != IGNORE_INDEX
     prompt = (attention_mask != 0) & ~answer
     copies = torch.zeros_like(answer)
-    width = int(input_ids.max()) + 1 if input_ids.numel() else 1
-    pairs = input_ids[:, :-1].long() * width + input_ids[:, 1:].long()  # one integer per pair of consecutive tokens
+    # One integer per pair of consecutive tokens (ids are below 2**32), with no read of the largest id from the device.
+    pairs = (input_ids[:, :-1].long() << 32) | input_ids[:, 1:].long()
     for row in range(input_ids.shape[0]):
         prompt_pairs = pairs[row][prompt[row, :-1] & prompt[row, 1:]]
         in_answer = answer[row, :-1] & answer[row, 1:]

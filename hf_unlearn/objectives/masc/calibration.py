@@ -187,7 +187,7 @@ class NeverSeenReference(NamedTuple):
         reference."""
         levels = None if self.levels is None else self.levels.to("cpu")
         copy_margins = None if self.copy_margins is None else self.copy_margins.cpu()
-        copies = forget.get("copies") if copy_margins is not None else None
+        copies = forget.get("copies")
         return calibration_gap(
             forget["margins"], self.margins.cpu(), forget.get("tokens"), levels, copies, copy_margins
         )

@@ -167,10 +167,11 @@ def measure_violations(
     reference_logits: Callable[[dict[str, torch.Tensor]], torch.Tensor] | None = None,
     batch_size: int = 32,
     min_k_leaves_out: int | None = None,
+    with_copies: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Per tokenized example: violation fraction v_i, answer length L_i and answer probability (MASC §3); and
-    ``margins``, every scored token's margin, with its id in ``tokens`` and whether it repeats the prompt in ``copies``
-    (:func:`~hf_unlearn.data.prompt_copies`; for :func:`calibration_gap`); ``min_k``, each
+    ``margins``, every scored token's margin, with its id in ``tokens`` and, ``with_copies``, whether it repeats the
+    prompt in ``copies`` (:func:`~hf_unlearn.data.prompt_copies`; for :func:`calibration_gap`); ``min_k``, each
     example's Min-K% Prob (:func:`min_k_per_example`), without a final ``min_k_leaves_out`` token
     (:func:`leave_out_final`).
 
@@ -199,8 +200,9 @@ def measure_violations(
             batch_fractions, batch_lengths = violation_fractions(result, tau)
             margins.append(result.margins[result.mask].float().cpu())
             tokens.append(labels[result.mask].cpu())
-            repeats = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
-            copies.append(repeats[:, 1:][result.mask].cpu())
+            if with_copies:
+                repeats = prompt_copies(batch["input_ids"], batch["labels"], batch["attention_mask"])[:, first:]
+                copies.append(repeats[:, 1:][result.mask].cpu())
             answer_log_probs = token_log_probs(logits.detach(), answer_labels)  # one log-softmax for both reads
             probabilities.append(probabilities_of(*answer_log_probs)[0].cpu())
             log_probs, scored_mask = answer_log_probs
@@ -211,12 +213,14 @@ def measure_violations(
         model.train(was_training)
     all_fractions, all_lengths = torch.cat(fractions), torch.cat(lengths)
     scored = all_lengths > 0
-    return {
+    measured = {
         "fractions": all_fractions[scored],
         "lengths": all_lengths[scored],
         "probabilities": torch.cat(probabilities)[scored],
         "min_k": torch.cat(min_k)[scored],
         "margins": torch.cat(margins),
         "tokens": torch.cat(tokens),
-        "copies": torch.cat(copies),
     }
+    if with_copies:
+        measured["copies"] = torch.cat(copies)
+    return measured

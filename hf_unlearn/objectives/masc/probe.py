@@ -298,6 +298,7 @@ class ProbeState(KeptStates, ProbeCheckpointing):
             reference_logits=reference,
             batch_size=batch_size or max(self.args.per_device_eval_batch_size, 8),
             min_k_leaves_out=self.min_k_leaves_out,
+            with_copies=self.args.match_prompt_copies,
         )
 
     @property
@@ -418,7 +419,8 @@ class ProbeState(KeptStates, ProbeCheckpointing):
             margins = self._timed(name, examples)
             measured[f"violation_rate_{name}"] = margins["fractions"].mean().item()
             measured[f"forget_probability_{name}"] = margins["probabilities"].mean().item()
-            forget_margins[name] = {key: margins[key] for key in ("margins", "tokens", "copies", "min_k")}
+            kept = ("margins", "tokens", "copies", "min_k")
+            forget_margins[name] = {key: margins[key] for key in kept if key in margins}
             forget_margins[name]["eval_forward"] = True  # read in eval mode at the current weights: exact
             if name == "train":
                 train_examples = len(margins["fractions"])
