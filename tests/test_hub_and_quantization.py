@@ -44,6 +44,14 @@ def trainer_for(tmp_path, **overrides):
     return UnlearnTrainer(make_tiny_model(), UnlearnConfig(**values), FORGET, RETAIN)
 
 
+def trained_and_saved(tmp_path, **overrides):
+    """A short run saved to tmp_path/out, and the digest of that folder."""
+    trainer = trainer_for(tmp_path, **overrides)
+    trainer.train()
+    trainer.save_model()
+    return trainer, folder_digest(tmp_path / "out")
+
+
 def folder_digest(path):
     digest = {}
     for root, _, files in os.walk(path):
@@ -169,10 +177,7 @@ def test_checkpoints_carry_the_card(tmp_path):
 
 
 def test_push_without_network_fails_clearly_and_changes_nothing(tmp_path, monkeypatch):
-    trainer = trainer_for(tmp_path)
-    trainer.train()
-    trainer.save_model()
-    before = folder_digest(tmp_path / "out")
+    trainer, before = trained_and_saved(tmp_path, push_unverified=True)  # past the record's check, to the network
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConnectionError, match="offline mode is on.*Nothing was written or uploaded"):
         trainer.push_to_hub()
@@ -465,3 +470,29 @@ def test_push_refuses_a_run_its_record_does_not_call_forgotten(tmp_path, monkeyp
     record.update(extra={**record.extra, "pushed_unverified": ["no membership verdict"]})
     card = ModelCard(str(build_model_card(record, "someone/unlearned")))
     assert "Published although its own record does not say it forgot" in card.text
+
+
+def test_trainer_push_reads_the_record_as_the_push_command_does(tmp_path, monkeypatch):
+    """UnlearnTrainer.push_to_hub (and save_model with push_to_hub=True) refuses a run its record does not call
+    forgotten before anything is written, goes on to the Hub once the record holds a landed verdict or with
+    push_unverified; push_to_hub=True uploading checkpoints during the run is refused at configuration."""
+    from hf_unlearn.evaluation.membership import membership_verdict
+
+    trainer, before = trained_and_saved(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="not pushed.*no membership verdict.*push_unverified=True.*Nothing was"):
+        trainer.push_to_hub()
+    assert folder_digest(tmp_path / "out") == before and "pushed_unverified" not in trainer.record.extra
+    never, measured = {"loss": 0.40}, {"loss": 0.42}
+    landed = membership_verdict(measured, never, off_intervals={"loss": (-0.02, 0.06)})
+    trainer.record.update(evaluation={"membership": {"auc": measured, "membership": landed}})
+    with pytest.raises(ConnectionError, match="offline mode is on"):  # past the record: the Hub is next
+        trainer.push_to_hub()
+    trainer.record.update(stop_kind="utility_floor", stop_reason="retain fell")
+    with pytest.raises(ValueError, match="the run failed"):
+        trainer.push_to_hub()
+    assert folder_digest(tmp_path / "out") == before
+    with pytest.raises(ValueError, match="hub_strategy='every_save' uploads checkpoints during the run"):
+        UnlearnConfig(output_dir=str(tmp_path / "o"), push_to_hub=True, use_cpu=True)
+    assert UnlearnConfig(output_dir=str(tmp_path / "o"), push_to_hub=True, hub_strategy="end", use_cpu=True)
+    assert UnlearnConfig(output_dir=str(tmp_path / "o"), push_to_hub=True, push_unverified=True, use_cpu=True)

@@ -42,16 +42,22 @@ def ensure_hub_reachable(output_dir: str | None = None, timeout: float = 5.0) ->
 
 
 def unverified_reasons(model_dir: str) -> list[str]:
-    """What in a saved run's own record says the forget set still tells, or was never judged: no record; a failed
-    run (the utility floor); the membership verdict (the audit's, else the demo's evaluation, else a MUSE
-    evaluation's after unlearning, as the card reads it) not landed, or none at all; a failed quantization verdict
-    (forgotten answers back after a 4-bit reload). Empty when nothing does."""
+    """What in a saved run's own record says the forget set still tells, or was never judged
+    (:func:`record_unverified_reasons`); a folder with no record is one such reason."""
     if not os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
         return [f"{model_dir!r} holds no run record ({RECORD_FILE}), so nothing says what it forgot"]
+    return record_unverified_reasons(UnlearnRecord.load(model_dir), model_dir)
+
+
+def record_unverified_reasons(record: UnlearnRecord, model_dir: str) -> list[str]:
+    """What in a run's record says the forget set still tells, or was never judged: a failed run (the utility
+    floor); the membership verdict (the audit's, else the demo's evaluation, else a MUSE evaluation's after
+    unlearning, as the card reads it) not landed, or none at all; a failed quantization verdict (forgotten answers
+    back after a 4-bit reload). Empty when nothing does. ``model_dir``: where the run is saved, named in the hint
+    that judges it."""
     from ..evaluation.membership import membership_verdict_line
     from .card_metadata import membership_places
 
-    record = UnlearnRecord.load(model_dir)
     reasons = []
     if record.stop_kind == "utility_floor":
         reasons.append(f"the run failed ({record.stop_reason})")

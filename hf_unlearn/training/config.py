@@ -18,6 +18,7 @@ from .config_checks import (
     check_forget_scoring,
     check_gradients,
     check_method,
+    check_outputs,
     complete_budget,
 )
 from .sharpness import SAM_RHO_HELP
@@ -130,6 +131,12 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         overwrite_output_dir (`bool`, *optional*, defaults to `False`):
             Allow output_dir to hold an earlier run (its checkpoints and record are then removed first). Without it, a
             folder holding a run is refused unless you resume it (resume_from_checkpoint).
+        push_unverified (`bool`, *optional*, defaults to `False`):
+            Let `push_to_hub` publish a run whose own record does not say the forget set was forgotten (no membership
+            verdict, one that did not land, a failed quantization verdict, a failed run), as `hf-unlearn push
+            --push_unverified true` does; the card then says so. Without it such a push is refused before anything is
+            written or uploaded, and `push_to_hub=True` needs `hub_strategy='end'`: the other strategies upload
+            checkpoints during the run, before anything has judged them.
     """
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [
@@ -208,6 +215,13 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         default=False,
         metadata={"help": "Allow output_dir to hold an earlier run (removed first); else refused unless resuming."},
     )
+    push_unverified: bool = field(
+        default=False,
+        metadata={
+            "help": "Let push_to_hub publish a run whose record does not say the forget set was forgotten (the card "
+            "says so); else refused, and push_to_hub=True needs hub_strategy='end'."
+        },
+    )
 
     # Defaults that differ from TrainingArguments (listed in the docstring note).
     num_train_epochs: float | None = field(
@@ -255,6 +269,7 @@ class UnlearnConfig(MascArguments, TrainingArguments):
         check_stopping(self)
         check_retain_guard(self)
         check_forget_scoring(self)
+        check_outputs(self)
         complete_budget(self)
 
     @property

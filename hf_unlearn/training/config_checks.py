@@ -99,6 +99,19 @@ def check_forget_scoring(config: Any) -> None:
     continuation_options(config.forget_scoring_kwargs)
 
 
+def check_outputs(config: Any) -> None:
+    """A Hub push during the run: ``push_to_hub`` with a ``hub_strategy`` other than ``'end'`` uploads checkpoints
+    while the run goes on, before anything has judged whether the forget set was forgotten, which the trainer's own
+    ``push_to_hub`` refuses without ``push_unverified``."""
+    if config.push_to_hub and config.hub_strategy != "end" and not config.push_unverified:
+        strategy = getattr(config.hub_strategy, "value", config.hub_strategy)
+        raise ValueError(
+            f"push_to_hub=True with hub_strategy={strategy!r} uploads checkpoints during the run, before anything "
+            "has judged whether the forget set was forgotten. Use hub_strategy='end' (save_model and push_to_hub "
+            "then push once, after checking the run's record), or push_unverified=True to publish unjudged weights."
+        )
+
+
 def complete_budget(config: Any) -> None:
     """``num_train_epochs=None``: 3 epochs, or for a run that stops itself without ``max_steps``,
     ``max_steps = self_stop_max_steps``."""

@@ -72,11 +72,22 @@ class RunOutputs:
             self._write_record_and_card(output_dir or self.args.output_dir)
 
     def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
-        """Push as Trainer does, but first make sure the Hub is reachable, so that without a network nothing is
-        written or changed on disk before the failure."""
-        from ..outputs.hub import ensure_hub_reachable
+        """Push as Trainer does, but first read the run's record as ``hf-unlearn push`` does: a run it does not say
+        forgot the forget set is refused unless ``push_unverified`` (its card then says what the record said); then
+        make sure the Hub is reachable. Either failure comes before anything is written or uploaded."""
+        from ..outputs.hub import ensure_hub_reachable, record_unverified_reasons
 
+        reasons = record_unverified_reasons(self.record, self.args.output_dir)
+        if reasons and not self.args.push_unverified:
+            raise ValueError(
+                "UnlearnTrainer.push_to_hub: not pushed, because the run's own record does not say the forget set "
+                f"was forgotten: {'; '.join(reasons)}. Judge the saved run (`hf-unlearn audit`, then `hf-unlearn "
+                "push`), or set push_unverified=True in UnlearnConfig to publish it anyway (its card then says so). "
+                "Nothing was written or uploaded."
+            )
         ensure_hub_reachable(self.args.output_dir)
+        if reasons:
+            self.record.update(extra={**self.record.extra, "pushed_unverified": reasons})
         return super().push_to_hub(*args, **kwargs)
 
 
