@@ -25,7 +25,7 @@ LABELS = torch.tensor([[-100, -100, 1, 2, 3]])
 CONFIG = types.SimpleNamespace(
     masc_k=2, masc_beta=1.0, masc_tau=0.0, masc_eta=0.5, masc_threshold="calibration", masc_hinge="one_sided",
     competitor_source="self", competitor_delta=None, masc_rival_kl=0.0, masc_rival_temperature=1.0,
-    match_prompt_copies=True, prompt_copy_floor=None, calibration_match="rank", seed=0,
+    match_prompt_copies=True, calibration_match="rank", seed=0,
 )  # fmt: skip
 
 
@@ -52,14 +52,6 @@ def test_a_copy_is_matched_with_never_seen_copies_and_the_rest_with_the_rest():
         calibration_copy_margins=copy_margins,
     )  # fmt: skip
     assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(expected.item(), rel=1e-6)
-    # prompt_copy_floor: a copy's threshold is at least the floor + eta, so the hinge pushes it no lower than the floor
-    floored = LossInputs(
-        **{**vars(inputs), "config": types.SimpleNamespace(**{**vars(CONFIG), "prompt_copy_floor": 2.0})}
-    )
-    raised = torch.cat([thresholds[:2].clamp(min=2.5), thresholds[2:]])
-    expected_floor = torch.relu(margins - (raised - 0.5)).sum() / 0.5 / 3
-    assert FORGET_OBJECTIVES["masc"].fn(floored).item() == pytest.approx(expected_floor.item(), rel=1e-6)
-    assert expected_floor.item() != pytest.approx(expected.item())
     pooled = torch.relu(margins - (calibrated_thresholds(margins, rest) - 0.5)).sum() / 0.5 / 3
     inputs = LossInputs(logits=LOGITS, labels=LABELS, config=CONFIG, calibration_margins=rest)
     assert FORGET_OBJECTIVES["masc"].fn(inputs).item() == pytest.approx(pooled.item(), rel=1e-6)
@@ -128,10 +120,6 @@ def test_the_trainer_gives_masc_the_copies_and_a_resumed_run_keeps_the_never_see
     with pytest.raises(ValueError, match="match_prompt_copies is not read by stop_target='calibration'"):
         UnlearnConfig(output_dir=str(tmp_path), method="masc", match_prompt_copies=True, report_to="none",
                       masc_threshold="calibration", stop_target="calibration")  # fmt: skip
-    with pytest.raises(ValueError, match="prompt_copy_floor .* needs match_prompt_copies=True"):
-        UnlearnConfig(output_dir=str(tmp_path), method="masc", prompt_copy_floor=0.0, report_to="none")
-    with pytest.raises(ValueError, match="prompt_copy_floor must be a finite margin"):
-        UnlearnConfig(output_dir=str(tmp_path), **settings, prompt_copy_floor=float("nan"))
 
 
 def test_the_exact_gap_on_a_holdout_probe_reads_the_copies_apart(tmp_path):

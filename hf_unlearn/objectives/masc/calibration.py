@@ -110,7 +110,6 @@ def matched_thresholds(
     levels: NeverSeenLevels | tuple[torch.Tensor, ...] | None = None,
     copies: torch.Tensor | None = None,
     copy_margins: torch.Tensor | None = None,
-    copy_floor: float | None = None,
 ) -> torch.Tensor:
     """Each forget token's never-seen counterpart. Without ``levels``: by rank (:func:`calibrated_thresholds`).
     With ``levels`` (:class:`NeverSeenLevels`) and the tokens' ids (beyond the MASC paper): a token whose id the
@@ -120,15 +119,12 @@ def matched_thresholds(
     is part of what Min-K% reads); the others (the forget answers' own names and facts) get the never-seen answers'
     own words' margin at their rank among themselves. With ``copies`` (which tokens repeat the prompt) and
     ``copy_margins`` (the never-seen tokens that repeat theirs, ``match_prompt_copies``, beyond the paper): a copy is
-    matched by rank with the never-seen copies, and the other tokens as above with the other never-seen tokens;
-    ``copy_floor`` (``prompt_copy_floor`` plus the hinge's buffer) is then the least threshold a copy gets."""
+    matched by rank with the never-seen copies, and the other tokens as above with the other never-seen tokens."""
     if copies is not None and copy_margins is not None and copy_margins.numel():
         copies = copies.to(margins.device).bool()
         thresholds = torch.empty_like(margins, dtype=torch.float32)
         if bool(copies.any()):
             thresholds[copies] = calibrated_thresholds(margins[copies], copy_margins)
-            if copy_floor is not None:
-                thresholds[copies] = thresholds[copies].clamp(min=copy_floor)
         rest = ~copies
         if bool(rest.any()):
             own_tokens = None if tokens is None else tokens.to(margins.device)[rest]

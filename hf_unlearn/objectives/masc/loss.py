@@ -54,8 +54,6 @@ def masc_beyond_paper(config: Any) -> tuple[str, ...]:
             departures.append(f"calibration_match={match!r}: each token matched with its never-seen counterpart")
         if config.match_prompt_copies:
             departures.append("match_prompt_copies: a token repeating the prompt matched with never-seen such tokens")
-        if config.prompt_copy_floor is not None:
-            departures.append(f"prompt_copy_floor={config.prompt_copy_floor:g}: a copied token pushed no lower")
     if config.masc_rival_kl:
         departures.append(
             f"masc_rival_kl={config.masc_rival_kl:g}: a KL holds the start model's distribution over the other tokens"
@@ -111,15 +109,8 @@ def masc_loss(inputs: LossInputs) -> torch.Tensor:
             copies = shift_for_causal_lm(inputs.logits, inputs.prompt_copies)[1][result.mask]
         per_token = [result.margins[result.mask].detach(), labels[result.mask], copies]
         (margins, tokens, copies), own = gathered_across_processes(per_token)
-        floor = config.prompt_copy_floor
         matched = matched_thresholds(
-            margins,
-            inputs.calibration_margins,
-            tokens,
-            levels,
-            copies,
-            inputs.calibration_copy_margins,
-            None if floor is None else floor + config.masc_eta,  # the buffered hinge pushes to threshold - eta
+            margins, inputs.calibration_margins, tokens, levels, copies, inputs.calibration_copy_margins
         )
         # The never-seen margins are kept in float32; a float64 model's margins are not.
         thresholds[result.mask] = matched[own].to(thresholds.dtype)

@@ -37,7 +37,6 @@ MARGIN_OPTIONS = (
     "masc_rival_kl",
     "masc_rival_temperature",
     "match_prompt_copies",
-    "prompt_copy_floor",
 )
 
 STOP_PROBES = ("train", "holdout")
@@ -101,11 +100,6 @@ class MascArguments:
             is matched with the calibration answers' tokens that repeat their prompts, the other tokens with the
             other calibration tokens (see calibration_match), so a copied name is held where a model copies a name it
             never learned, not pushed down with the facts (docs/studies/prompt_copies.md).
-        prompt_copy_floor (`float` or `None`, *optional*, defaults to `None`):
-            MASC with match_prompt_copies (beyond the paper): the lowest margin the hinge pushes a token that repeats
-            the prompt to (its threshold is raised to at least this + masc_eta, the hinge's buffer). At 0 or above
-            the copied token stays above the combined mass of its k rivals, so the model still spells the name the
-            question gives it, less surely. None: no floor.
 
     > Parameters that control the stopping rule (§3, and the calibrated target)
 
@@ -200,10 +194,6 @@ class MascArguments:
     match_prompt_copies: bool = field(
         default=False,
         metadata={"help": "MASC, calibrated: match tokens that repeat the prompt with never-seen ones that do."},
-    )
-    prompt_copy_floor: float | None = field(
-        default=None,
-        metadata={"help": "MASC, match_prompt_copies: the lowest margin a token repeating the prompt is pushed to."},
     )
 
     # Parameters that control the stopping rule (§3, and the calibrated target)
@@ -377,15 +367,6 @@ def check_masc(config: Any) -> None:
         raise ValueError(
             "match_prompt_copies matches the forget tokens that repeat the prompt with never-seen ones: it needs "
             f"masc_threshold='calibration' (got {config.masc_threshold!r})."
-        )
-    if config.prompt_copy_floor is not None and not config.match_prompt_copies:
-        raise ValueError(
-            "prompt_copy_floor is the lowest margin a token repeating the prompt is pushed to: it needs "
-            "match_prompt_copies=True."
-        )
-    if config.prompt_copy_floor is not None and not math.isfinite(config.prompt_copy_floor):
-        raise ValueError(
-            f"prompt_copy_floor must be a finite margin (0: the copy stays first), got {config.prompt_copy_floor}."
         )
     if config.match_prompt_copies and config.stop_target == "calibration":
         raise ValueError(
