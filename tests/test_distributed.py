@@ -244,3 +244,17 @@ def test_the_calibrated_hinge_and_the_membership_stop_match_one_process(launched
             assert two_procs == other_rank and (two_procs is None) == (single is None)
             assert single is None or two_procs == pytest.approx(single, abs=1e-9)
     assert one["stop_step"] is not None and rank0["stop_step"] == rank1["stop_step"] == one["stop_step"]
+
+
+def test_every_process_pushes_or_refuses_as_the_first_ones_record_says(tmp_path):
+    """UnlearnTrainer.push_to_hub on two processes: the first process's record decides for both (an audit runs there
+    alone), so an unjudged run is refused on both, and once the first one's record holds a landed verdict both go on
+    to the Hub (here offline: ConnectionError on both), none refusing on its own stale record."""
+    command = [sys.executable, *LAUNCHERS["torchrun"](2), os.path.join(HERE, "push_job.py"), str(tmp_path)]
+    env = dict(os.environ, PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               HF_HUB_OFFLINE="1")  # fmt: skip
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    for rank in range(2):
+        with open(tmp_path / f"rank{rank}.json") as f:
+            assert json.load(f) == {"unjudged": "ValueError", "judged_on_first": "ConnectionError"}

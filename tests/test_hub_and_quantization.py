@@ -494,5 +494,26 @@ def test_trainer_push_reads_the_record_as_the_push_command_does(tmp_path, monkey
     assert folder_digest(tmp_path / "out") == before
     with pytest.raises(ValueError, match="hub_strategy='every_save' uploads checkpoints during the run"):
         UnlearnConfig(output_dir=str(tmp_path / "o"), push_to_hub=True, use_cpu=True)
+    late = UnlearnConfig(output_dir=str(tmp_path / "o"), use_cpu=True, report_to="none")
+    late.push_to_hub = True  # after UnlearnConfig checked it (as set_push_to_hub() does): the trainer checks again
+    with pytest.raises(ValueError, match="uploads checkpoints during the run"):
+        UnlearnTrainer(make_tiny_model(), late, FORGET, RETAIN)
     assert UnlearnConfig(output_dir=str(tmp_path / "o"), push_to_hub=True, hub_strategy="end", use_cpu=True)
     assert UnlearnConfig(output_dir=str(tmp_path / "o"), push_to_hub=True, push_unverified=True, use_cpu=True)
+
+
+def test_a_save_that_pushes_writes_the_record_before_the_push_refuses(tmp_path, monkeypatch):
+    """save_model() under push_to_hub=True (hub_strategy='end') saves the whole run, record and card included, and
+    only then pushes; the record's refusal leaves that saved run for `hf-unlearn audit` and `hf-unlearn push`."""
+    from transformers import Trainer
+
+    def no_network_repo(self, token=None, private=None):  # Trainer creates the Hub repository at init
+        self.hub_model_id = "someone/unlearned"
+
+    monkeypatch.setattr(Trainer, "init_hf_repo", no_network_repo)
+    trainer = trainer_for(tmp_path, push_to_hub=True, hub_strategy="end")
+    trainer.train()
+    with pytest.raises(ValueError, match="not pushed.*no membership verdict"):
+        trainer.save_model()
+    saved = set(os.listdir(tmp_path / "out"))
+    assert {"unlearn_record.json", "README.md", "model.safetensors"} <= saved

@@ -60,7 +60,7 @@ def _introduction(record: UnlearnRecord) -> str:
     if unverified:
         text += (
             "\n\n**Published although its own record does not say it forgot** (pushed with "
-            "`--push_unverified true`): " + "; ".join(unverified) + "."
+            "`push_unverified`): " + "; ".join(unverified) + "."
         )
     return text
 

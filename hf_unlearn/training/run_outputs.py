@@ -66,18 +66,30 @@ class RunOutputs:
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save as Trainer does, plus ``unlearn_record.json`` and the model card it writes, so every checkpoint
-        and final save says what was done. Nothing is measured here: the record is read, not recomputed."""
-        super().save_model(output_dir, _internal_call)
+        and final save says what was done. Nothing is measured here: the record is read, not recomputed. Under
+        ``push_to_hub`` a save the user asks for pushes as Trainer's does, but after the record and card are
+        written, so a push the record refuses (:meth:`push_to_hub`) leaves a complete saved run."""
+        super().save_model(output_dir, _internal_call=True)
         if self.args.should_save:
             self._write_record_and_card(output_dir or self.args.output_dir)
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
         """Push as Trainer does, but first read the run's record as ``hf-unlearn push`` does: a run it does not say
         forgot the forget set is refused unless ``push_unverified`` (its card then says what the record said); then
         make sure the Hub is reachable. Either failure comes before anything is written or uploaded."""
+        from accelerate.utils import broadcast_object_list
+
         from ..outputs.hub import ensure_hub_reachable, record_unverified_reasons
 
-        reasons = record_unverified_reasons(self.record, self.args.output_dir)
+        # The first process's record decides for all (it alone holds an audit run after training), so that every
+        # process refuses or goes on together: Trainer's push saves on all of them before the first one uploads.
+        first = self.is_world_process_zero()
+        decided = [record_unverified_reasons(self.record, self.args.output_dir) if first else []]
+        if self.args.world_size > 1:
+            broadcast_object_list(decided)
+        reasons = decided[0]
         if reasons and not self.args.push_unverified:
             raise ValueError(
                 "UnlearnTrainer.push_to_hub: not pushed, because the run's own record does not say the forget set "
@@ -86,8 +98,8 @@ class RunOutputs:
                 "Nothing was written or uploaded."
             )
         ensure_hub_reachable(self.args.output_dir)
-        if reasons:
-            self.record.update(extra={**self.record.extra, "pushed_unverified": reasons})
+        extra = {key: value for key, value in self.record.extra.items() if key != "pushed_unverified"}
+        self.record.update(extra={**extra, "pushed_unverified": reasons} if reasons else extra)
         return super().push_to_hub(*args, **kwargs)
 
 

@@ -44,6 +44,7 @@ from .base_model import anchored_base
 from .callbacks import ObjectiveStateCallback, RetainPairingCallback, advance_objective_states
 from .choices import check_surgery_backend
 from .config import UnlearnConfig
+from .config_checks import check_outputs
 from .ledger import forget_set_fingerprint, load_ledger, loaded_from
 from .loss_forwards import LossForwards
 from .loss_tracking import LossTracker
@@ -104,6 +105,7 @@ class UnlearnTrainer(RunOutputs, LossForwards, Trainer):
         if not isinstance(args, UnlearnConfig):
             raise TypeError(f"args must be an UnlearnConfig, got {type(args).__name__}.")
         check_writable(args.output_dir)  # Trainer makes the folder now; say why it cannot, naming it
+        check_outputs(args)  # again: set_push_to_hub() or an attribute set after UnlearnConfig checked it
         check_causal_lm(model)
         # The objectives and their declared hyperparameters, checked before any weight changes.
         self.forget_objective, self.retain_objective, self.objective_kwargs = resolve_objectives(args)
