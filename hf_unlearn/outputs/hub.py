@@ -88,6 +88,13 @@ def record_unverified_reasons(record: UnlearnRecord, model_dir: str) -> list[str
     return reasons
 
 
+def mark_pushed_unverified(record: UnlearnRecord, reasons: list[str]) -> UnlearnRecord:
+    """``record`` with what it is pushed despite under ``extra.pushed_unverified`` (the card's warning), or without
+    that mark where ``reasons`` is empty: a verified push leaves no earlier push's warning behind."""
+    extra = {key: value for key, value in record.extra.items() if key != "pushed_unverified"}
+    return record.update(extra={**extra, "pushed_unverified": reasons} if reasons else extra)
+
+
 def check_verified(model_dir: str, push_unverified: bool) -> list[str]:
     """Refuse (``ValueError``, nothing written or uploaded) a run whose record does not say the forget set was
     forgotten (:func:`unverified_reasons`), unless ``push_unverified``; returns the reasons pushed despite."""
@@ -223,6 +230,5 @@ def _card_for_repo(model_dir: str, repo_id: str, unverified: list[str] | None = 
 
         record = UnlearnRecord.load(model_dir)
         if unverified:
-            record = record.update(extra={**record.extra, "pushed_unverified": unverified})
-            record.save(model_dir)
+            mark_pushed_unverified(record, unverified).save(model_dir)
         write_model_card(record, model_dir, repo_id=repo_id)

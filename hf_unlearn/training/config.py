@@ -135,8 +135,8 @@ class UnlearnConfig(MascArguments, TrainingArguments):
             Let `push_to_hub` publish a run whose own record does not say the forget set was forgotten (no membership
             verdict, one that did not land, a failed quantization verdict, a failed run), as `hf-unlearn push
             --push_unverified true` does; the card then says so. Without it such a push is refused before anything is
-            written or uploaded, and `push_to_hub=True` needs `hub_strategy='end'`: the other strategies upload
-            checkpoints during the run, before anything has judged them.
+            uploaded, and `push_to_hub=True` needs `hub_strategy='end'`: the other strategies upload checkpoints
+            during the run, before anything has judged them.
     """
 
     _VALID_DICT_FIELDS = TrainingArguments._VALID_DICT_FIELDS + [

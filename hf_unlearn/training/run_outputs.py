@@ -78,10 +78,10 @@ class RunOutputs:
     def push_to_hub(self, *args: Any, **kwargs: Any) -> Any:
         """Push as Trainer does, but first read the run's record as ``hf-unlearn push`` does: a run it does not say
         forgot the forget set is refused unless ``push_unverified`` (its card then says what the record said); then
-        make sure the Hub is reachable. Either failure comes before anything is written or uploaded."""
+        make sure the Hub is reachable. Either failure comes before Trainer's push saves or uploads anything."""
         from accelerate.utils import broadcast_object_list
 
-        from ..outputs.hub import ensure_hub_reachable, record_unverified_reasons
+        from ..outputs.hub import ensure_hub_reachable, mark_pushed_unverified, record_unverified_reasons
 
         # The first process's record decides for all (it alone holds an audit run after training), so that every
         # process refuses or goes on together: Trainer's push saves on all of them before the first one uploads.
@@ -95,11 +95,10 @@ class RunOutputs:
                 "UnlearnTrainer.push_to_hub: not pushed, because the run's own record does not say the forget set "
                 f"was forgotten: {'; '.join(reasons)}. Judge the saved run (`hf-unlearn audit`, then `hf-unlearn "
                 "push`), or set push_unverified=True in UnlearnConfig to publish it anyway (its card then says so). "
-                "Nothing was written or uploaded."
+                "Nothing was uploaded."
             )
         ensure_hub_reachable(self.args.output_dir)
-        extra = {key: value for key, value in self.record.extra.items() if key != "pushed_unverified"}
-        self.record.update(extra={**extra, "pushed_unverified": reasons} if reasons else extra)
+        mark_pushed_unverified(self.record, reasons)
         return super().push_to_hub(*args, **kwargs)
 
 
