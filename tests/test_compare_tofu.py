@@ -59,10 +59,14 @@ def test_the_tofu_compare_miniature_writes_the_compare_schema(tmp_path, monkeypa
         "--methods", "graddiff", "--learning_rates", "1e-3", "--seeds", "0", "--epochs", "1",
         "--masc_max_steps", "3", "--real_knowledge_size", "4", "--retain_eval_size", "3",
         "--lm_eval_tasks", "tofu_real_authors", "--lm_eval_tofu_dir", TOFU_DIR, "--lm_eval_limit", "2",
-        "--output_dir", str(out),
+        "--save_models", "true", "--output_dir", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
     result = json.loads((out / "compare.json").read_text())
+    # --save_models: each run's final weights with the record an audit reads, one folder per method, rate and seed
+    for folder in ("masc-0.0001-seed0", "graddiff-0.001-seed0"):
+        saved = json.loads((out / "runs" / folder / "unlearn_record.json").read_text())
+        assert os.path.isfile(out / "runs" / folder / "README.md") and saved["method"] == folder.split("-")[0]
     assert result["authors"] == {"forget": [0, 1], "retain": [2], "calibration": [3], "holdout": [4]}
     # the target learned forget + retain authors, the never-trained reference the retain author alone
     assert result["target_model"]["authors"] == [0, 1, 2] and result["reference_model"]["authors"] == [2]

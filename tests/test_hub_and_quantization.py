@@ -426,7 +426,7 @@ def test_push_refuses_a_run_its_record_does_not_call_forgotten(tmp_path, monkeyp
     from huggingface_hub import ModelCard
 
     from hf_unlearn.cli.arguments import PushArguments
-    from hf_unlearn.outputs.hub import unverified_reasons
+    from hf_unlearn.outputs.hub import card_for_repo, unverified_reasons
     from hf_unlearn.outputs.model_card import build_model_card
 
     assert PushArguments().private is True
@@ -470,6 +470,14 @@ def test_push_refuses_a_run_its_record_does_not_call_forgotten(tmp_path, monkeyp
     record.update(extra={**record.extra, "pushed_unverified": ["no membership verdict"]})
     card = ModelCard(str(build_model_card(record, "someone/unlearned")))
     assert "Published although its own record does not say it forgot" in card.text
+    # the card the push writes before uploading: marked when pushed despite, the mark cleared by a verified push
+    # (the run audited in between), so that no earlier push's warning is left behind
+    card_for_repo(out, "someone/unlearned", ["no membership verdict"])
+    assert UnlearnRecord.load(out).extra["pushed_unverified"] == ["no membership verdict"]
+    assert "Published although" in (tmp_path / "out" / "README.md").read_text()
+    card_for_repo(out, "someone/unlearned", [])
+    assert "pushed_unverified" not in UnlearnRecord.load(out).extra
+    assert "Published although" not in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_trainer_push_reads_the_record_as_the_push_command_does(tmp_path, monkeypatch):

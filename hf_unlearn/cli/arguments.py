@@ -490,6 +490,14 @@ class CompareArguments:
         default=False,
         metadata={"help": "Reload every final model in NF4 and measure the forget set again (slow on a CPU)."},
     )
+    save_models: bool = field(
+        default=False,
+        metadata={
+            "help": "Save every run's final model (its adapter under LoRA) with its run record and card in "
+            "output_dir/runs/<method>-<lr>-seed<seed>, for `hf-unlearn audit` or a fresh read (default: nothing is "
+            "saved; a comparison races many runs)."
+        },
+    )
     masc_probe_interval: int | None = field(
         default=None, metadata={"help": "MASC runs' probe_interval (default: UnlearnConfig's)."}
     )

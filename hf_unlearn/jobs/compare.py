@@ -355,6 +355,8 @@ class Race:
             setting.peft_config, callbacks=callbacks, progress=(self.progress, label),
         )  # fmt: skip
         trainer.train()
+        if self.cli.save_models:
+            trainer.save_model()  # the weights with the run's record and card, as `hf-unlearn run` leaves them
         self.progress.set_postfix_str(f"{label}: measuring")
         return trainer
 
@@ -383,7 +385,9 @@ class Race:
 
     def masc_run(self, lr: float, seed: int) -> dict:
         """A MASC run, stopping itself; it lands when the state it stopped at is in the region."""
-        trainer = self.train("masc", lr, seed, "masc", self.masc_options, calibration=self.setting.calibration)
+        trainer = self.train(
+            "masc", lr, seed, f"masc-{lr:g}-seed{seed}", self.masc_options, calibration=self.setting.calibration
+        )
         record = trainer.record
         start = time.perf_counter()
         row = self.setting.measure(trainer.model)
@@ -413,7 +417,7 @@ class Race:
             self.setting.measure, start, show=lambda stage: self.progress.set_postfix_str(f"{self.label}: {stage}")
         )
         options = dict(num_train_epochs=self.epochs, probe_interval=0, stop_at_target=False)
-        trainer = self.train(method, lr, seed, f"{method}-{lr:g}", options, callbacks=[evaluator])
+        trainer = self.train(method, lr, seed, f"{method}-{lr:g}-seed{seed}", options, callbacks=[evaluator])
         first = next((row for row in evaluator.epochs if in_region(row, self.region)), None)
         final = evaluator.epochs[-1]
         seconds = time.perf_counter() - start

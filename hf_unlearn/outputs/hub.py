@@ -134,7 +134,7 @@ def push_folder(
     check_adapter_base(model_dir, merge_adapter, base_model_id)
     unverified = check_verified(model_dir, push_unverified)
     ensure_hub_reachable(model_dir)
-    _card_for_repo(model_dir, repo_id, unverified)
+    card_for_repo(model_dir, repo_id, unverified)
     api = HfApi()
     url = api.create_repo(repo_id, private=private, exist_ok=True)
     is_adapter = os.path.exists(os.path.join(model_dir, ADAPTER_CONFIG))
@@ -222,13 +222,15 @@ def stage_adapter_on(model_dir: str, staging: str, base_model_id: str, repo_id: 
         write_model_card(record, staging, repo_id=repo_id)
 
 
-def _card_for_repo(model_dir: str, repo_id: str, unverified: list[str] | None = None) -> None:
+def card_for_repo(model_dir: str, repo_id: str, unverified: list[str] | None = None) -> None:
     """Rewrite the folder's model card from its run record so that it loads from ``repo_id`` (not a local path) and,
-    pushed despite its record (``unverified``), says so; the record keeps what it was pushed despite."""
+    pushed despite its record (``unverified``), says so; the record keeps what it was pushed despite, and a verified
+    push (say, after `hf-unlearn audit` gave the run its verdict) clears an earlier push's mark, as the trainer's
+    push does."""
     if os.path.isfile(os.path.join(model_dir, RECORD_FILE)):
         from .model_card import write_model_card
 
         record = UnlearnRecord.load(model_dir)
-        if unverified:
-            mark_pushed_unverified(record, unverified).save(model_dir)
+        if unverified or "pushed_unverified" in record.extra:
+            mark_pushed_unverified(record, unverified or []).save(model_dir)
         write_model_card(record, model_dir, repo_id=repo_id)
