@@ -338,16 +338,16 @@ class Race:
         model.load_state_dict(self.state)
         return model
 
-    def train(
-        self, method: str, lr: float, seed: int, folder: str, options: dict, calibration: Any = None, callbacks=None
-    ) -> Any:
+    def train(self, method: str, lr: float, seed: int, options: dict, calibration: Any = None, callbacks=None) -> Any:
         """One run: a fresh copy of the target trained with ``method`` at ``lr`` and ``seed`` (``options``: its other
-        UnlearnConfig settings), shown in the race's progress bar; returns the trainer."""
+        UnlearnConfig settings) in ``output_dir/runs/<method>-<lr>-seed<seed>``, shown in the race's progress bar;
+        returns the trainer."""
         self.label = label = f"{method} lr={lr:g} seed={seed}"
         self.progress.set_postfix_str(label)
+        folder = os.path.join(self.cli.output_dir, "runs", f"{method}-{lr:g}-seed{seed}")
         args = UnlearnConfig(
-            output_dir=os.path.join(self.cli.output_dir, "runs", folder), overwrite_output_dir=True, method=method,
-            learning_rate=lr, seed=seed, **options, **self.common,
+            output_dir=folder, overwrite_output_dir=True, method=method, learning_rate=lr, seed=seed, **options,
+            **self.common,
         )  # fmt: skip
         setting = self.setting
         trainer = build_trainer(
@@ -385,9 +385,7 @@ class Race:
 
     def masc_run(self, lr: float, seed: int) -> dict:
         """A MASC run, stopping itself; it lands when the state it stopped at is in the region."""
-        trainer = self.train(
-            "masc", lr, seed, f"masc-{lr:g}-seed{seed}", self.masc_options, calibration=self.setting.calibration
-        )
+        trainer = self.train("masc", lr, seed, self.masc_options, calibration=self.setting.calibration)
         record = trainer.record
         start = time.perf_counter()
         row = self.setting.measure(trainer.model)
@@ -417,7 +415,7 @@ class Race:
             self.setting.measure, start, show=lambda stage: self.progress.set_postfix_str(f"{self.label}: {stage}")
         )
         options = dict(num_train_epochs=self.epochs, probe_interval=0, stop_at_target=False)
-        trainer = self.train(method, lr, seed, f"{method}-{lr:g}-seed{seed}", options, callbacks=[evaluator])
+        trainer = self.train(method, lr, seed, options, callbacks=[evaluator])
         first = next((row for row in evaluator.epochs if in_region(row, self.region)), None)
         final = evaluator.epochs[-1]
         seconds = time.perf_counter() - start
